@@ -1,0 +1,391 @@
+"""The smartnsq exception tree.
+
+Every error raised by the library derives from :class:`NSQError`. Server error frames map to
+:class:`ServerError` subclasses (one per NSQ error code, see ``smartnsq.protocol.errors`` for the
+registry) that carry ``code``, ``fatal``, ``retriable`` and ``refresh_lookup``. Argument errors
+derive from :class:`ValueError` or :class:`TypeError` as well, so callers that validate input
+the usual Python way keep working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AuthDisabledError",
+    "AuthError",
+    "AuthFailedError",
+    "AuthFirstError",
+    "BadBodyError",
+    "BadChannelError",
+    "BadExtError",
+    "BadMessageError",
+    "BadPartitionError",
+    "BadTagError",
+    "BadTopicError",
+    "ChannelNotRegisteredError",
+    "ClientClosedError",
+    "ConnectionClosedError",
+    "CreateTopicFailedError",
+    "DPubFailedError",
+    "ExtNotSupportedError",
+    "ExtendSupportForbiddenError",
+    "ExtendSupportRequiredError",
+    "FinFailedError",
+    "ForkedClientError",
+    "IdentifyFailedError",
+    "InvalidCommandError",
+    "InvalidJsonHeaderError",
+    "InvalidTraceIdError",
+    "LookupFailedError",
+    "MPubFailedError",
+    "MessageResponseFailedError",
+    "NSQError",
+    "NSQTimeoutError",
+    "NoWritablePartitionError",
+    "NotLeaderError",
+    "NotWritableError",
+    "OrderViolationError",
+    "OrderedSubscribeRequiredError",
+    "ProtocolError",
+    "PubFailedError",
+    "PubTooMuchWaitingError",
+    "PublishError",
+    "ReqFailedError",
+    "ServerError",
+    "TagNotSupportedError",
+    "TooManyConnectionsError",
+    "TopicHasNoChannelError",
+    "TopicNotExistError",
+    "TopicNotFoundError",
+    "TouchFailedError",
+    "UnauthorizedError",
+    "UnknownServerError",
+    "UnsupportedFeatureError",
+    "ValidationError",
+]
+
+
+class NSQError(Exception):
+    """Base class of every error raised by smartnsq."""
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+class ValidationError(NSQError, ValueError):
+    """An argument is invalid; raised before anything is sent. ``field`` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.reason = message
+
+
+# --------------------------------------------------------------------------- transport
+
+
+class ProtocolError(NSQError):
+    """The peer sent bytes that do not follow the NSQ protocol (corrupt frame, bad size...)."""
+
+
+class ConnectionClosedError(NSQError, ConnectionError):
+    """The connection closed (or could not be opened) before the operation completed."""
+
+    def __init__(self, message: str, address: str | None = None) -> None:
+        super().__init__(f"{message} ({address})" if address else message)
+        self.address = address
+
+
+class NSQTimeoutError(NSQError, TimeoutError):
+    """An operation did not complete within its timeout. Also a builtin ``TimeoutError``."""
+
+
+class ClientClosedError(NSQError, RuntimeError):
+    """A producer or consumer was used after ``close()`` (clients are not reusable)."""
+
+
+class ForkedClientError(NSQError, RuntimeError):
+    """A blocking client created before ``os.fork()`` was used in the child process."""
+
+
+# --------------------------------------------------------------------------- server frames
+
+
+class ServerError(NSQError):
+    """An error frame sent by nsqd.
+
+    ``code`` is the NSQ error code (``E_BAD_TOPIC``...), ``message`` the full frame text.
+    ``fatal``: nsqd closes the connection after sending it (depends on the command for some
+    codes). ``retriable``: the same request can succeed later, possibly elsewhere.
+    ``refresh_lookup``: the cluster layout the client used is probably stale.
+    """
+
+    code: str = ""
+    fatal: bool = True
+    retriable: bool = False
+    refresh_lookup: bool = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        fatal: bool | None = None,
+        command: str | None = None,
+        address: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        if fatal is not None:
+            self.fatal = fatal
+        self.command = command
+        self.address = address
+
+    def __str__(self) -> str:
+        where = f" (from {self.address})" if self.address else ""
+        return f"{self.message}{where}"
+
+
+class InvalidCommandError(ServerError):
+    code = "E_INVALID"
+
+
+class BadTopicError(ServerError):
+    code = "E_BAD_TOPIC"
+
+
+class BadChannelError(ServerError):
+    code = "E_BAD_CHANNEL"
+
+
+class BadPartitionError(ServerError):
+    code = "E_BAD_PARTITION"
+
+
+class BadBodyError(ServerError):
+    code = "E_BAD_BODY"
+
+
+class BadMessageError(ServerError):
+    code = "E_BAD_MESSAGE"
+
+
+class TopicNotExistError(ServerError):
+    """The topic partition is not hosted by this nsqd (layout changed or wrong node)."""
+
+    code = "E_TOPIC_NOT_EXIST"
+    retriable = True
+    refresh_lookup = True
+
+
+class NotLeaderError(ServerError):
+    """This nsqd is not (or no longer) the leader of the partition."""
+
+    code = "E_FAILED_ON_NOT_LEADER"
+    retriable = True
+    refresh_lookup = True
+
+
+class NotWritableError(ServerError):
+    """The partition cannot take writes right now (replication or cluster failure)."""
+
+    code = "E_FAILED_ON_NOT_WRITABLE"
+    retriable = True
+    refresh_lookup = True
+
+
+class PubFailedError(ServerError):
+    code = "E_PUB_FAILED"
+    fatal = False
+    retriable = True
+    refresh_lookup = True
+
+
+class MPubFailedError(PubFailedError):
+    code = "E_MPUB_FAILED"
+
+
+class DPubFailedError(ServerError):
+    code = "E_DPUB_FAILED"
+    retriable = True
+
+
+class PubTooMuchWaitingError(ServerError):
+    """nsqd applies back-pressure: too many bytes are waiting to be written."""
+
+    code = "E_PUB_TOO_MUCH_WAITING"
+    retriable = True
+
+
+class ExtNotSupportedError(ServerError):
+    code = "E_EXT_NOT_SUPPORT"
+    fatal = False
+
+
+class InvalidJsonHeaderError(ServerError):
+    code = "E_INVALID_JSON_HEADER"
+    fatal = False
+
+
+class InvalidTraceIdError(ServerError):
+    code = "INVALID_TRACE_ID"
+    fatal = False
+
+
+class BadTagError(ServerError):
+    code = "E_BAD_TAG"
+    fatal = False
+
+
+class TagNotSupportedError(ServerError):
+    code = "E_TAG_NOT_SUPPORT"
+    fatal = False
+
+
+class OrderedSubscribeRequiredError(ServerError):
+    """A plain SUB on an ordered topic: the consumer must be created with ``ordered=True``."""
+
+    code = "E_SUB_ORDER_IS_MUST"
+
+    def __str__(self) -> str:
+        return (
+            f"{super().__str__()}: this topic only allows ordered consumption; "
+            "create the Consumer with ordered=True (SUB_ORDERED)"
+        )
+
+
+class ExtendSupportRequiredError(ServerError):
+    code = "E_SUB_EXTEND_NEED"
+    retriable = True
+    refresh_lookup = True
+
+
+class ExtendSupportForbiddenError(ServerError):
+    code = "E_SUB_EXTEND_FORBIDDON"
+    retriable = True
+    refresh_lookup = True
+
+
+class ChannelNotRegisteredError(ServerError):
+    """Channel auto-creation is disabled for the topic; register it via lookupd first."""
+
+    code = "E_SUB_CHANNEL_NOT_REGISTERED"
+
+
+class MessageResponseFailedError(ServerError):
+    """FIN, REQ or TOUCH failed (id unknown or timed out). Never fatal."""
+
+    fatal = False
+
+
+class FinFailedError(MessageResponseFailedError):
+    code = "E_FIN_FAILED"
+
+
+class ReqFailedError(MessageResponseFailedError):
+    code = "E_REQ_FAILED"
+
+
+class TouchFailedError(MessageResponseFailedError):
+    code = "E_TOUCH_FAILED"
+
+
+class IdentifyFailedError(ServerError):
+    code = "E_IDENTIFY_FAILED"
+
+
+class AuthError(ServerError):
+    """Base of the AUTH error codes (all fatal)."""
+
+
+class AuthFirstError(AuthError):
+    code = "E_AUTH_FIRST"
+
+
+class AuthFailedError(AuthError):
+    code = "E_AUTH_FAILED"
+
+
+class UnauthorizedError(AuthError):
+    code = "E_UNAUTHORIZED"
+
+
+class AuthDisabledError(AuthError):
+    code = "E_AUTH_DISABLED"
+
+
+class CreateTopicFailedError(ServerError):
+    code = "E_CREATE_TOPIC_FAILED"
+
+
+class BadExtError(ServerError):
+    code = "E_BAD_EXT"
+
+
+class TooManyConnectionsError(ServerError):
+    """youzan nsqd refused the connection: it has too many clients."""
+
+    code = "too much client connections"
+    retriable = True
+
+
+class UnknownServerError(ServerError):
+    """An error code this client does not know. Treated as fatal; retried like a failure."""
+
+    retriable = True
+
+
+# --------------------------------------------------------------------------- client level
+
+
+class PublishError(NSQError):
+    """A publish failed for good: retries exhausted or a non-retriable error.
+
+    The last server or connection error is the ``__cause__``.
+    """
+
+    def __init__(
+        self, message: str, *, topic: str, partition: int | None = None, tries: int = 0
+    ) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+        self.tries = tries
+
+
+class UnsupportedFeatureError(NSQError):
+    """The server (or the topic) cannot do what was asked, e.g. DPUB on youzan nsqd."""
+
+
+class TopicNotFoundError(NSQError):
+    """nsqlookupd does not know the topic."""
+
+    def __init__(self, topic: str, detail: str = "") -> None:
+        text = f"topic {topic!r} not found in nsqlookupd"
+        super().__init__(f"{text}: {detail}" if detail else text)
+        self.topic = topic
+
+
+class TopicHasNoChannelError(NSQError):
+    """A write lookup was refused because the topic has no channel yet."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(
+            f"nsqlookupd refuses writes to topic {topic!r} because it has no channel yet: "
+            "start a consumer first, or create a channel (nsqd POST /channel/create, or "
+            "nsqlookupd --allow-write-with-nochannels)"
+        )
+        self.topic = topic
+
+
+class LookupFailedError(NSQError):
+    """No nsqlookupd answered a lookup."""
+
+
+class NoWritablePartitionError(NSQError):
+    """The lookup shows no writable partition (or not the one a key needs)."""
+
+
+class OrderViolationError(NSQError):
+    """An ordered partition delivered a message whose id or offset went backwards."""

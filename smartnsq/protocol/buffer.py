@@ -1,0 +1,49 @@
+"""An input byte buffer with an optional decompressor, shared by the frame decoder (client
+side) and the command parser (server side).
+
+Reads advance a position instead of deleting from the front; the consumed prefix is dropped
+only once it is at least half of the buffer, so trimming stays linear overall.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+Decompressor = Callable[[bytes], bytes]
+
+
+class InputBuffer:
+    __slots__ = ("_buf", "_decompress", "_pos")
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._pos = 0
+        self._decompress: Decompressor | None = None
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Append bytes received from the peer (decompressed first if a codec is installed)."""
+        if self._decompress is not None:
+            data = self._decompress(bytes(data))
+        pos = self._pos
+        if pos and pos * 2 >= len(self._buf):
+            del self._buf[:pos]
+            self._pos = 0
+        self._buf += data
+
+    def install_decompressor(self, decompress: Decompressor) -> None:
+        """Switch the stream to a compressed encoding from the current read position on.
+
+        Bytes already received but not yet decoded were sent after the switch point, so they
+        are taken over and decompressed too.
+        """
+        rest = bytes(self._buf[self._pos :])
+        self._buf = bytearray()
+        self._pos = 0
+        self._decompress = decompress
+        if rest:
+            self.feed(rest)
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet decoded."""
+        return len(self._buf) - self._pos

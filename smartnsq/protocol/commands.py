@@ -1,0 +1,328 @@
+"""Encoders for every client command (PROTOCOL.md section 3).
+
+Each function validates its arguments (raising :class:`~smartnsq.errors.ValidationError`
+before anything is produced) and returns the complete command as one ``bytes`` object, ready
+to be written atomically. FIN, REQ and TOUCH take the raw 16-byte message id: on youzan nsqd
+it is binary (8-byte internal id + 8-byte trace id) and may contain ``\\n`` or spaces, which
+the server handles by reading fixed byte offsets, so it must never be split.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from smartnsq.errors import ValidationError
+from smartnsq.protocol.validation import (
+    MAX_BODY_SIZE,
+    MAX_DPUB_DELAY_MS,
+    MAX_MSG_SIZE,
+    MAX_RDY_COUNT,
+    MAX_REQ_DELAY_MS,
+    check_bodies,
+    check_body,
+    check_channel,
+    check_delay_ms,
+    check_message_id,
+    check_partition,
+    check_rdy,
+    check_topic,
+    check_trace_id,
+    encode_ext,
+)
+
+__all__ = [
+    "CLS",
+    "MAGIC_V2",
+    "NOP",
+    "StartPosition",
+    "auth",
+    "cls",
+    "dpub",
+    "fin",
+    "identify",
+    "mpub",
+    "mpub_ext",
+    "mpub_trace",
+    "nop",
+    "pub",
+    "pub_ext",
+    "pub_trace",
+    "rdy",
+    "req",
+    "sub",
+    "sub_advanced",
+    "sub_ordered",
+    "touch",
+]
+
+MAGIC_V2 = b"  V2"
+NOP = b"NOP\n"
+CLS = b"CLS\n"
+
+_pack_u32 = struct.Struct(">I").pack
+_pack_u16 = struct.Struct(">H").pack
+_pack_u64 = struct.Struct(">Q").pack
+
+
+def nop() -> bytes:
+    return NOP
+
+
+def cls() -> bytes:
+    return CLS
+
+
+def _line(*parts: str | int) -> bytes:
+    return (" ".join(str(p) for p in parts) + "\n").encode()
+
+
+def _with_body(line: bytes, body: bytes) -> bytes:
+    return b"".join((line, _pack_u32(len(body)), body))
+
+
+def _partition_suffix(partition: int | None) -> bytes:
+    if partition is None:
+        return b"\n"
+    return b" %d\n" % check_partition(partition)
+
+
+def identify(data: Mapping[str, Any]) -> bytes:
+    """``IDENTIFY\\n[size][JSON]``. ``data`` is the JSON object (see ``protocol.identify``)."""
+    if not isinstance(data, Mapping):
+        raise ValidationError("identify", "must be a mapping")
+    body = json.dumps(dict(data), separators=(",", ":")).encode()
+    if len(body) > MAX_BODY_SIZE:
+        raise ValidationError("identify", f"JSON is over {MAX_BODY_SIZE} bytes")
+    return _with_body(b"IDENTIFY\n", body)
+
+
+def auth(secret: bytes | str) -> bytes:
+    """``AUTH\\n[size][secret]``; send only when IDENTIFY answered ``auth_required``."""
+    if isinstance(secret, str):
+        secret = secret.encode()
+    if not isinstance(secret, (bytes, bytearray)) or not secret:
+        raise ValidationError("auth_secret", "must be a non-empty str or bytes")
+    return _with_body(b"AUTH\n", bytes(secret))
+
+
+def sub(topic: str, channel: str, partition: int | None = None) -> bytes:
+    """``SUB <topic> <channel>[ <partition>]``. Partition-aware clients always send it."""
+    head = f"SUB {check_topic(topic)} {check_channel(channel)}".encode()
+    return head + _partition_suffix(partition)
+
+
+def sub_ordered(topic: str, channel: str, partition: int) -> bytes:
+    """``SUB_ORDERED <topic> <channel> <partition>`` (the wire name; SUB_ORDER does not exist)."""
+    return _line(
+        "SUB_ORDERED", check_topic(topic), check_channel(channel), check_partition(partition)
+    )
+
+
+@dataclass(frozen=True)
+class StartPosition:
+    """Where a SUB_ADVANCED subscription starts (only honoured for a channel's first client)."""
+
+    kind: str
+    value: int
+
+    _KINDS = ("timestamp", "virtual_queue", "msgcount", "special")
+
+    def __post_init__(self) -> None:
+        if self.kind not in self._KINDS:
+            raise ValidationError("start.kind", f"must be one of {', '.join(self._KINDS)}")
+        if type(self.value) is not int:
+            raise ValidationError("start.value", "must be an int")
+        if self.kind == "special" and self.value != -1:
+            raise ValidationError("start.value", "special positions only allow -1 (end)")
+        if self.kind != "special" and self.value < 0:
+            raise ValidationError("start.value", f"must be >= 0, got {self.value}")
+
+    @classmethod
+    def timestamp(cls, unix_seconds: int) -> StartPosition:
+        return cls("timestamp", unix_seconds)
+
+    @classmethod
+    def queue_offset(cls, offset: int) -> StartPosition:
+        return cls("virtual_queue", offset)
+
+    @classmethod
+    def message_count(cls, count: int) -> StartPosition:
+        return cls("msgcount", count)
+
+    @classmethod
+    def end(cls) -> StartPosition:
+        return cls("special", -1)
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.value}"
+
+
+def sub_advanced(
+    topic: str, channel: str, partition: int, start: StartPosition | None = None
+) -> bytes:
+    """``SUB_ADVANCED <topic> <channel> <partition>[ <type>:<value>]``."""
+    parts: list[str | int] = [
+        "SUB_ADVANCED",
+        check_topic(topic),
+        check_channel(channel),
+        check_partition(partition),
+    ]
+    if start is not None:
+        if not isinstance(start, StartPosition):
+            raise ValidationError("start", "must be a StartPosition")
+        parts.append(str(start))
+    return _line(*parts)
+
+
+def pub(
+    topic: str, body: bytes | str, partition: int | None = None, *, max_msg_size: int = MAX_MSG_SIZE
+) -> bytes:
+    """``PUB <topic>[ <partition>]\\n[size][body]``."""
+    data = check_body(body, max_msg_size)
+    head = b"PUB " + check_topic(topic).encode() + _partition_suffix(partition)
+    return b"".join((head, _pack_u32(len(data)), data))
+
+
+def _mpub_frame(head: bytes, elements: Sequence[bytes], max_body_size: int) -> bytes:
+    parts = [head, b"", _pack_u32(len(elements))]
+    size = 4
+    for element in elements:
+        parts.append(_pack_u32(len(element)))
+        parts.append(element)
+        size += 4 + len(element)
+    if size > max_body_size:
+        raise ValidationError(
+            "bodies", f"batch is {size} bytes, over the maximum of {max_body_size}"
+        )
+    parts[1] = _pack_u32(size)
+    return b"".join(parts)
+
+
+def mpub(
+    topic: str,
+    bodies: Iterable[bytes | str],
+    partition: int | None = None,
+    *,
+    max_msg_size: int = MAX_MSG_SIZE,
+    max_body_size: int = MAX_BODY_SIZE,
+) -> bytes:
+    """``MPUB <topic>[ <partition>]\\n[size][count]([msg size][msg])*``."""
+    data = check_bodies(bodies, max_msg_size, max_body_size)
+    head = b"MPUB " + check_topic(topic).encode() + _partition_suffix(partition)
+    return _mpub_frame(head, data, max_body_size)
+
+
+def pub_trace(
+    topic: str,
+    body: bytes | str,
+    trace_id: int,
+    partition: int | None = None,
+    *,
+    max_msg_size: int = MAX_MSG_SIZE,
+) -> bytes:
+    """``PUB_TRACE <topic> <partition>\\n[size][uint64 trace id][body]``; answered by a receipt."""
+    data = check_body(body, max_msg_size - 8)
+    head = b"PUB_TRACE " + check_topic(topic).encode() + _partition_suffix(partition)
+    return b"".join((head, _pack_u32(len(data) + 8), _pack_u64(check_trace_id(trace_id)), data))
+
+
+def mpub_trace(
+    topic: str,
+    bodies: Iterable[bytes | str],
+    trace_ids: Iterable[int],
+    partition: int | None = None,
+    *,
+    max_msg_size: int = MAX_MSG_SIZE,
+    max_body_size: int = MAX_BODY_SIZE,
+) -> bytes:
+    """``MPUB_TRACE``: each element is ``[uint64 trace id][payload]``."""
+    data = check_bodies(bodies, max_msg_size - 8, max_body_size)
+    ids = [check_trace_id(t) for t in trace_ids]
+    if len(ids) != len(data):
+        raise ValidationError("trace_ids", f"{len(ids)} trace ids for {len(data)} bodies")
+    head = b"MPUB_TRACE " + check_topic(topic).encode() + _partition_suffix(partition)
+    return _mpub_frame(
+        head, [_pack_u64(t) + b for t, b in zip(ids, data, strict=True)], max_body_size
+    )
+
+
+def _ext_element(ext: Mapping[str, Any] | bytes | None, body: bytes) -> bytes:
+    raw = b"" if ext is None else encode_ext(ext)
+    return b"".join((_pack_u16(len(raw)), raw, body))
+
+
+def pub_ext(
+    topic: str,
+    body: bytes | str,
+    ext: Mapping[str, Any] | bytes,
+    partition: int | None = None,
+    *,
+    max_msg_size: int = MAX_MSG_SIZE,
+) -> bytes:
+    """``PUB_EXT <topic> <partition>\\n[size][uint16 json len][json][body]``.
+
+    The reply is a trace receipt when ``ext`` carries a valid ``##trace_id``, otherwise ``OK``.
+    """
+    data = check_body(body, max_msg_size)
+    element = _ext_element(ext, data)
+    head = b"PUB_EXT " + check_topic(topic).encode() + _partition_suffix(partition)
+    return b"".join((head, _pack_u32(len(element)), element))
+
+
+def mpub_ext(
+    topic: str,
+    bodies: Iterable[bytes | str],
+    exts: Iterable[Mapping[str, Any] | bytes | None],
+    partition: int | None = None,
+    *,
+    max_msg_size: int = MAX_MSG_SIZE,
+    max_body_size: int = MAX_BODY_SIZE,
+) -> bytes:
+    """``MPUB_EXT``: each element is ``[uint16 json len][json][payload]`` (len 0 = no header)."""
+    data = check_bodies(bodies, max_msg_size, max_body_size)
+    headers = list(exts)
+    if len(headers) != len(data):
+        raise ValidationError("exts", f"{len(headers)} ext headers for {len(data)} bodies")
+    head = b"MPUB_EXT " + check_topic(topic).encode() + _partition_suffix(partition)
+    return _mpub_frame(
+        head, [_ext_element(e, b) for e, b in zip(headers, data, strict=True)], max_body_size
+    )
+
+
+def dpub(
+    topic: str,
+    body: bytes | str,
+    delay_ms: int,
+    *,
+    max_msg_size: int = MAX_MSG_SIZE,
+    max_delay_ms: int = MAX_DPUB_DELAY_MS,
+) -> bytes:
+    """``DPUB <topic> <defer ms>\\n[size][body]`` (classic nsqd only; youzan rejects it)."""
+    data = check_body(body, max_msg_size)
+    line = _line("DPUB", check_topic(topic), check_delay_ms(delay_ms, max_delay_ms))
+    return _with_body(line, data)
+
+
+def rdy(count: int, max_rdy_count: int = MAX_RDY_COUNT) -> bytes:
+    """``RDY <count>``."""
+    return b"RDY %d\n" % check_rdy(count, max_rdy_count)
+
+
+def fin(message_id: bytes) -> bytes:
+    """``FIN <16-byte id>\\n``: exactly 21 bytes."""
+    return b"FIN " + check_message_id(message_id) + b"\n"
+
+
+def req(message_id: bytes, delay_ms: int = 0, *, max_delay_ms: int = MAX_REQ_DELAY_MS) -> bytes:
+    """``REQ <16-byte id> <delay ms>\\n``."""
+    delay = check_delay_ms(delay_ms, max_delay_ms)
+    return b"REQ " + check_message_id(message_id) + b" %d\n" % delay
+
+
+def touch(message_id: bytes) -> bytes:
+    """``TOUCH <16-byte id>\\n``: exactly 23 bytes."""
+    return b"TOUCH " + check_message_id(message_id) + b"\n"

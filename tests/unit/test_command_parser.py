@@ -1,0 +1,110 @@
+"""The server-side parser: fixed-offset ids, bodies, fragmentation, corrupt input."""
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from smartnsq.errors import ProtocolError
+from smartnsq.protocol import commands as c
+from smartnsq.protocol.server import (
+    CLASSIC_BODY_COMMANDS,
+    ClientCommand,
+    CommandParser,
+    MpubFormatError,
+    split_mpub,
+)
+from tests.fixtures import command_bytes
+
+NASTY_ID = b"\n \n  \n\n\x00FIN \n\r\n1"
+
+
+def _parse_all(stream: bytes, **kwargs: object) -> list[ClientCommand]:
+    parser = CommandParser(**kwargs)  # type: ignore[arg-type]
+    parser.feed(stream)
+    out = []
+    while (cmd := parser.next_command()) is not None:
+        out.append(cmd)
+    return out
+
+
+def test_ids_with_newlines_and_spaces() -> None:
+    stream = c.MAGIC_V2 + c.fin(NASTY_ID) + c.req(NASTY_ID, 250) + c.touch(NASTY_ID) + c.nop()
+    cmds = _parse_all(stream)
+    assert cmds == [
+        ClientCommand(b"FIN", (NASTY_ID,)),
+        ClientCommand(b"REQ", (NASTY_ID, b"250")),
+        ClientCommand(b"TOUCH", (NASTY_ID,)),
+        ClientCommand(b"NOP"),
+    ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ids=st.lists(st.binary(min_size=16, max_size=16), min_size=1, max_size=10),
+    body=st.binary(min_size=1, max_size=50),
+    cuts=st.lists(st.integers(0, 5000), max_size=30),
+)
+def test_fragmented_stream(ids: list[bytes], body: bytes, cuts: list[int]) -> None:
+    parts = [c.MAGIC_V2, c.identify({"client_id": "x"})]
+    expected = [b"IDENTIFY"]
+    for message_id in ids:
+        parts += [c.pub("t", body, 3), c.fin(message_id), c.req(message_id, 7), c.rdy(10)]
+        expected += [b"PUB", b"FIN", b"REQ", b"RDY"]
+    stream = b"".join(parts)
+    parser = CommandParser()
+    points = sorted({x % (len(stream) + 1) for x in cuts})
+    got: list[ClientCommand] = []
+    last = 0
+    for p in [*points, len(stream)]:
+        parser.feed(stream[last:p])
+        last = p
+        while (cmd := parser.next_command()) is not None:
+            got.append(cmd)
+    assert [g.name for g in got] == expected
+    assert [g.params[0] for g in got if g.name == b"FIN"] == ids
+    assert all(g.body == body and g.params == (b"t", b"3") for g in got if g.name == b"PUB")
+
+
+def test_bad_magic() -> None:
+    parser = CommandParser()
+    parser.feed(b"  V1PUB t\n")
+    with pytest.raises(ProtocolError):
+        parser.next_command()
+
+
+def test_invalid_body_size_stops_parsing() -> None:
+    stream = c.MAGIC_V2 + b"PUB t 0\n" + struct.pack(">i", 0) + c.nop()
+    cmds = _parse_all(stream)
+    assert cmds == [ClientCommand(b"PUB", (b"t", b"0"), None, 0)]
+    huge = c.MAGIC_V2 + b"MPUB t\n" + struct.pack(">i", 6 * 1024 * 1024)
+    assert _parse_all(huge) == [ClientCommand(b"MPUB", (b"t",), None, 6 * 1024 * 1024)]
+
+
+def test_dpub_body_only_in_classic_mode() -> None:
+    stream = command_bytes("dpub_ptest_1000")
+    youzan = _parse_all(c.MAGIC_V2 + stream)
+    assert youzan[0] == ClientCommand(b"DPUB", (b"ptest", b"1000"))
+    classic = _parse_all(c.MAGIC_V2 + stream, body_commands=CLASSIC_BODY_COMMANDS)
+    assert classic == [ClientCommand(b"DPUB", (b"ptest", b"1000"), b"deferred", 8)]
+
+
+def test_captured_client_bytes_parse() -> None:
+    stream = c.MAGIC_V2 + command_bytes("pub_ext_invalid_json") + command_bytes("fin_hex_text_id")
+    cmds = _parse_all(stream)
+    assert cmds[0].name == b"PUB_EXT"
+    assert cmds[0].body == b"\x00\t{not jsonx"
+    assert cmds[1] == ClientCommand(b"FIN", (b"0000000000000001",))
+
+
+def test_split_mpub() -> None:
+    cmd = _parse_all(c.MAGIC_V2 + command_bytes("mpub_ptest_0"))[0]
+    assert cmd.body is not None
+    assert split_mpub(cmd.body, 1024) == [b"mp-1", b"mp-2"]
+    with pytest.raises(MpubFormatError):
+        split_mpub(struct.pack(">i", 0), 1024)
+    with pytest.raises(MpubFormatError):
+        split_mpub(struct.pack(">ii", 1, 5000) + b"x" * 5000, 1024)
+    with pytest.raises(MpubFormatError):
+        split_mpub(struct.pack(">ii", 2, 1) + b"x", 1024)
