@@ -1,0 +1,663 @@
+"""The embedded NSQ cluster: youzan HA (lookupds, nsqd nodes, partitions, replicas, leaders)
+or classic (nsqd + nsqlookupd), serving real TCP and HTTP on 127.0.0.1.
+
+It is an emulator for tests, demos and local development, not a production broker: data
+lives in memory, replication is a log shared in-process, and leadership changes happen when
+you call the fault-injection methods (or after ``failover_delay`` when a node stops).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+from smartnsq.errors import ValidationError
+from smartnsq.protocol.validation import MAX_BODY_SIZE, MAX_MSG_SIZE, check_channel, check_topic
+from smartnsq.testing.http import HttpServer
+from smartnsq.testing.lookupd import LookupdNode
+from smartnsq.testing.nsqd import NodeSettings, NsqdNode
+from smartnsq.testing.nsqd_http import NsqdHttpApi
+from smartnsq.testing.state import Channel, ChannelRecord, Partition, PartitionLog, Record, Topic
+
+__all__ = ["Cluster", "ClusterError"]
+
+log = logging.getLogger("smartnsq.testing")
+
+
+class ClusterError(RuntimeError):
+    """A fault-injection or topology request the emulated cluster cannot honour."""
+
+
+class Cluster:
+    """An in-process NSQ cluster on 127.0.0.1 with OS-chosen ports.
+
+    ``Cluster(nodes=3)`` emulates a youzan HA cluster (nodes are numbered from 0);
+    ``Cluster(classic=True)`` a classic nsqd (``nodes`` of them) with a classic nsqlookupd.
+    """
+
+    def __init__(
+        self,
+        nodes: int = 3,
+        *,
+        classic: bool = False,
+        lookupds: int = 1,
+        failover_delay: float = 0.0,
+        allow_write_with_no_channels: bool = False,
+        msg_timeout: float = 60.0,
+        heartbeat_interval: float = 30.0,
+        max_msg_size: int = MAX_MSG_SIZE,
+        max_body_size: int = MAX_BODY_SIZE,
+        tls_context: ssl.SSLContext | None = None,
+        tls_required: bool = False,
+        auth_secrets: dict[str, str] | None = None,
+        allow_ext_compatible: bool = False,
+        record_deliveries: bool = True,
+        host: str = "127.0.0.1",
+        sweep_interval: float = 0.02,
+    ) -> None:
+        if nodes < 1:
+            raise ValidationError("nodes", "must be >= 1")
+        if lookupds < 1:
+            raise ValidationError("lookupds", "must be >= 1")
+        if classic and lookupds != 1:
+            raise ValidationError("lookupds", "a classic cluster has exactly one nsqlookupd")
+        self.classic = classic
+        self.host = host
+        self.failover_delay = failover_delay
+        self.allow_write_with_no_channels = allow_write_with_no_channels
+        self.record_deliveries = record_deliveries
+        self.sweep_interval = sweep_interval
+        self.write_disabled = ""
+        self.registrations = 0
+        self.hostname = socket.gethostname()
+        self.settings = NodeSettings(
+            youzan=not classic,
+            max_msg_size=max_msg_size,
+            max_body_size=max_body_size,
+            msg_timeout=msg_timeout,
+            heartbeat_interval=heartbeat_interval,
+            max_req_timeout=3600.0 if classic else 3 * 24 * 3600.0,
+            tls_context=tls_context,
+            tls_required=tls_required,
+            auth_secrets=dict(auth_secrets or {}),
+            allow_ext_compatible=allow_ext_compatible,
+        )
+        self.nodes = [NsqdNode(self, i, self.settings) for i in range(nodes)]
+        self._node_http = [HttpServer(NsqdHttpApi(node).handle, host) for node in self.nodes]
+        self.lookupds = [LookupdNode(self, i) for i in range(lookupds)]
+        self.topics: dict[str, Topic] = {}
+        self._partitions_by_log: dict[int, Partition] = {}
+        self._records: dict[tuple[str, str], ChannelRecord] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._failovers: dict[tuple[str, int], asyncio.TimerHandle] = {}
+        self._changed: asyncio.Event | None = None
+        self._waiters = 0
+        self._sweeper: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started = False
+        self._stopped = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> Cluster:
+        if self._started:
+            raise ClusterError("cluster already started")
+        self._started = True
+        self._loop = asyncio.get_running_loop()
+        self._changed = asyncio.Event()
+        for lookupd in self.lookupds:
+            await lookupd.start()
+        for node, http in zip(self.nodes, self._node_http, strict=True):
+            await node.start()
+            await http.start()
+            node.http_port = http.port
+        self._sweeper = self._loop.create_task(self._sweep_loop())
+        log.info("cluster started: lookupd %s, nsqd %s", self.lookupd_urls, self.nsqd_addresses)
+        return self
+
+    async def stop(self) -> None:
+        if self._stopped or not self._started:
+            self._stopped = True
+            return
+        self._stopped = True
+        for handle in self._failovers.values():
+            handle.cancel()
+        self._failovers.clear()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+        for node, http in zip(self.nodes, self._node_http, strict=True):
+            await node.stop()
+            await http.stop()
+        for lookupd in self.lookupds:
+            await lookupd.stop()
+            lookupd.release()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        # let transports finish closing
+        await asyncio.sleep(0)
+
+    async def __aenter__(self) -> Cluster:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    def track(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.sweep_interval)
+            now = time.monotonic()
+            for channel in self._all_channels():
+                channel.sweep(now)
+
+    def _all_channels(self) -> Iterable[Channel]:
+        for topic in self.topics.values():
+            for partition in topic.partitions.values():
+                yield from partition.log.channels.values()
+        for node in self.nodes:
+            for log_ in node.classic_topics.values():
+                yield from log_.channels.values()
+
+    # ------------------------------------------------------------------ addresses
+
+    @property
+    def lookupd_url(self) -> str:
+        """HTTP URL of the (leader) nsqlookupd, e.g. ``http://127.0.0.1:4161``."""
+        leader = self.lookupd_leader() or self.lookupds[0]
+        return leader.url
+
+    @property
+    def lookupd_urls(self) -> list[str]:
+        return [lk.url for lk in self.lookupds]
+
+    @property
+    def nsqd_addresses(self) -> list[str]:
+        """TCP ``host:port`` of every nsqd, indexed by node number."""
+        return [node.tcp_address for node in self.nodes]
+
+    @property
+    def nsqd_http_addresses(self) -> list[str]:
+        return [node.http_address for node in self.nodes]
+
+    def lookupd_leader(self) -> LookupdNode | None:
+        for lookupd in self.lookupds:
+            if lookupd.running:
+                return lookupd
+        return None
+
+    # ------------------------------------------------------------------ change notification
+
+    def changed(self) -> None:
+        """Something observable changed (messages, deliveries, topology): wake waiters."""
+        if self._waiters and self._changed is not None:
+            self._changed.set()
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+        """Wait until ``predicate()`` is true, re-checking on every cluster change.
+
+        Raises ``TimeoutError`` (``asyncio.TimeoutError``) if it does not become true in time.
+        """
+        if self._changed is None:
+            raise ClusterError("cluster not started")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        self._waiters += 1
+        try:
+            while not predicate():
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise asyncio.TimeoutError(f"condition not met within {timeout} s")
+                self._changed.clear()
+                try:
+                    # Also re-check periodically: timers (timeouts, deferrals) change state too.
+                    await asyncio.wait_for(self._changed.wait(), min(remaining, 0.05))
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            self._waiters -= 1
+
+    # ------------------------------------------------------------------ topology
+
+    async def create_topic(
+        self,
+        name: str,
+        partitions: int = 1,
+        replicas: int = 1,
+        ordered: bool = False,
+        ext: bool = False,
+        *,
+        channels: Sequence[str] = (),
+        disable_channel_auto_create: bool = False,
+        multi_part: bool = False,
+        placement: Mapping[int, Sequence[int]] | None = None,
+    ) -> Topic:
+        """Create a youzan topic (as nsqlookupd ``/topic/create`` does).
+
+        ``channels`` are registered up front so producers can publish at once (a write lookup
+        refuses topics without channels). ``placement`` maps partition -> nodes holding it,
+        leader first; by default partitions are spread round-robin over the live nodes.
+        """
+        topic = self.create_topic_now(
+            name,
+            partitions=partitions,
+            replicas=replicas,
+            ordered=ordered,
+            ext=ext,
+            multi_part=multi_part,
+            disable_channel_auto_create=disable_channel_auto_create,
+            placement=placement,
+        )
+        for channel in channels:
+            self.create_channel_now(name, channel)
+        await asyncio.sleep(0)
+        return topic
+
+    def create_topic_now(
+        self,
+        name: str,
+        *,
+        partitions: int = 1,
+        replicas: int = 1,
+        ordered: bool = False,
+        ext: bool = False,
+        multi_part: bool = False,
+        disable_channel_auto_create: bool = False,
+        strict_placement: bool = False,
+        placement: Mapping[int, Sequence[int]] | None = None,
+    ) -> Topic:
+        from smartnsq.testing.http import ApiError
+
+        if self.classic:
+            raise ClusterError("classic nsqd creates topics on first PUB or SUB")
+        check_topic(name)
+        if not 1 <= partitions <= 255:
+            raise ValidationError("partitions", "must be 1..255")
+        if not 1 <= replicas <= 5:
+            raise ValidationError("replicas", "must be 1..5")
+        alive = [n.index for n in self.nodes if n.running]
+        existing = self.topics.get(name)
+        if existing is not None:
+            same = (
+                existing.partition_num == partitions
+                and existing.replica == replicas
+                and existing.ordered == ordered
+                and existing.ext == ext
+            )
+            if same:
+                return existing
+            raise ApiError(400, "ErrType:9 ErrCode:1 : No node is available for topic")
+        # The real cluster refuses more partitions x replicas than nodes unless several
+        # partitions may share a node; the Python API is lenient (tests want small clusters).
+        too_big = replicas > len(alive) or (
+            strict_placement and partitions * replicas > len(alive) and not (ordered or multi_part)
+        )
+        if too_big:
+            if strict_placement:
+                raise ApiError(400, "ErrType:9 ErrCode:1 : No node is available for topic")
+            raise ClusterError(f"{replicas} replicas need as many live nodes ({len(alive)} alive)")
+        topic = Topic(
+            name,
+            partitions,
+            replicas,
+            ordered=ordered,
+            ext=ext,
+            multi_part=multi_part,
+            disable_channel_auto_create=disable_channel_auto_create,
+        )
+        if placement is not None:
+            self._check_placement(placement, partitions, replicas)
+        for pid in range(partitions):
+            if placement is not None:
+                members = list(placement[pid])
+            else:
+                members = [alive[(pid + k) % len(alive)] for k in range(replicas)]
+            log_ = PartitionLog(pid, ext=ext, classic=False, topic_name=name)
+            partition = Partition(topic, pid, members, members[0], log_)
+            topic.partitions[pid] = partition
+            self._partitions_by_log[id(log_)] = partition
+        self.topics[name] = topic
+        self.changed()
+        return topic
+
+    def _check_placement(
+        self, placement: Mapping[int, Sequence[int]], partitions: int, replicas: int
+    ) -> None:
+        if sorted(placement) != list(range(partitions)):
+            raise ValidationError("placement", f"must map each partition 0..{partitions - 1}")
+        for pid, members in placement.items():
+            if len(members) != replicas or len(set(members)) != replicas:
+                raise ValidationError(
+                    "placement", f"partition {pid} needs {replicas} distinct nodes"
+                )
+            for member in members:
+                self._node(member)
+
+    async def create_channel(self, topic: str, channel: str) -> None:
+        """Register a channel on every partition (nsqlookupd ``/channel/create``)."""
+        self.create_channel_now(topic, channel)
+        await asyncio.sleep(0)
+
+    def create_channel_now(self, topic_name: str, channel_name: str) -> None:
+        check_channel(channel_name)
+        topic = self._topic(topic_name)
+        for partition in topic.partitions.values():
+            self.ensure_channel(partition.log, channel_name)
+
+    def ensure_channel(self, log_: PartitionLog, name: str) -> Channel:
+        """The channel ``name`` of a log, created if needed."""
+        channel = log_.channels.get(name)
+        if channel is not None:
+            return channel
+        # youzan starts a new channel at the queue's end; classic nsqd hands the topic's
+        # backlog to its first channel.
+        start = 0 if (log_.classic and not log_.had_channel) else len(log_.records)
+        log_.had_channel = True
+        record = None
+        if self.record_deliveries:
+            record = self._records.setdefault((log_.topic_name, name), ChannelRecord())
+        channel = Channel(
+            name,
+            log_,
+            start_index=start,
+            schedule=self._running_loop().call_soon,
+            clock=time.monotonic,
+            record=record,
+        )
+        partition = self._partitions_by_log.get(id(log_))
+        if partition is not None:
+            channel.serving = partition.leader is not None and self.nodes[partition.leader].running
+            if name not in partition.topic.channel_names:
+                partition.topic.channel_names.append(name)
+        log_.channels[name] = channel
+        self.changed()
+        return channel
+
+    def client_left(self, channel: Channel) -> None:
+        if channel.name.endswith("#ephemeral") and not channel.clients:
+            channel.log.channels.pop(channel.name, None)
+            partition = self._partitions_by_log.get(id(channel.log))
+            if partition is not None and not any(
+                channel.name in p.log.channels for p in partition.topic.partitions.values()
+            ):
+                partition.topic.channel_names.remove(channel.name)
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            raise ClusterError("cluster not started")
+        return self._loop
+
+    def classic_topic(self, node: NsqdNode, name: str) -> PartitionLog:
+        log_ = node.classic_topics.get(name)
+        if log_ is None:
+            log_ = PartitionLog(None, ext=False, classic=True, topic_name=name)
+            node.classic_topics[name] = log_
+            self.changed()
+        return log_
+
+    def partition_of(self, log_: PartitionLog) -> Partition | None:
+        return self._partitions_by_log.get(id(log_))
+
+    def _topic(self, name: str) -> Topic:
+        topic = self.topics.get(name)
+        if topic is None:
+            raise ClusterError(f"no topic {name!r}")
+        return topic
+
+    def _partition(self, topic: str, partition: int) -> Partition:
+        found = self._topic(topic).partitions.get(partition)
+        if found is None:
+            raise ClusterError(f"topic {topic!r} has no partition {partition}")
+        return found
+
+    def _node(self, index: int) -> NsqdNode:
+        if not 0 <= index < len(self.nodes):
+            raise ClusterError(f"no node {index} (nodes are 0..{len(self.nodes) - 1})")
+        return self.nodes[index]
+
+    def topology(self, topic: str) -> dict[int, dict[str, Any]]:
+        """partition -> leader, replicas and writability, for tests and the CLI."""
+        return {
+            pid: {"leader": p.leader, "replicas": list(p.replicas), "writable": p.writable}
+            for pid, p in sorted(self._topic(topic).partitions.items())
+        }
+
+    def leader(self, topic: str, partition: int) -> int | None:
+        return self._partition(topic, partition).leader
+
+    # ------------------------------------------------------------------ leadership
+
+    def _quorum(self, partition: Partition) -> int:
+        # youzan refuses writes unless the in-sync replicas are a majority of the topic's
+        # replica count (2 replicas: both; 3: two).
+        return partition.topic.replica // 2 + 1
+
+    def _alive_replicas(self, partition: Partition) -> list[int]:
+        return [r for r in partition.replicas if self.nodes[r].running]
+
+    def _set_leader(self, partition: Partition, leader: int, *, restarted: bool = False) -> None:
+        """Make ``leader`` serve the partition. Consumers of the old leader are detached; the
+        new leader redelivers every unfinished message (a restarted node lost its memory)."""
+        old = partition.leader
+        partition.leader = leader
+        if old is not None and old != leader:
+            self.nodes[old].detach_consumers(partition.log)
+        serving = self.nodes[leader].running
+        for channel in partition.log.channels.values():
+            channel.serving = serving
+            if serving and (old != leader or restarted):
+                channel.reset_for_new_leader()
+        self._update_writable(partition)
+        self.changed()
+
+    def _update_writable(self, partition: Partition) -> None:
+        alive = self._alive_replicas(partition)
+        partition.writable = (
+            partition.leader is not None
+            and partition.leader in alive
+            and len(alive) >= self._quorum(partition)
+            and not partition.forced_unwritable
+        )
+
+    async def move_leader(self, topic: str, partition: int, to_node: int) -> None:
+        """Move a partition's leadership to ``to_node`` (added as a replica if it is not one).
+        The old leader keeps the partition as a replica: its producer connections stay open
+        and answer E_FAILED_ON_NOT_LEADER; its consumer connections are closed; unfinished
+        messages are redelivered by the new leader (same id, attempts from 1)."""
+        self.move_leader_now(topic, partition, to_node)
+        await asyncio.sleep(0)
+
+    def move_leader_now(self, topic: str, partition: int, to_node: int) -> None:
+        part = self._partition(topic, partition)
+        node = self._node(to_node)
+        if not node.running:
+            raise ClusterError(f"node {to_node} is stopped")
+        if to_node not in part.replicas:
+            part.replicas.append(to_node)
+        if part.leader == to_node:
+            return
+        self._set_leader(part, to_node)
+
+    async def set_writable(self, topic: str, partition: int, writable: bool) -> None:
+        """Make a partition refuse writes (E_FAILED_ON_NOT_WRITABLE) or take them again."""
+        part = self._partition(topic, partition)
+        part.forced_unwritable = not writable
+        self._update_writable(part)
+        self.changed()
+        await asyncio.sleep(0)
+
+    async def stop_node(self, index: int) -> None:
+        """Stop a node like a crash. Partitions it led fail over to a live replica after
+        ``failover_delay`` seconds (writable only with a majority of replicas alive)."""
+        node = self._node(index)
+        if not node.running:
+            return
+        for log_ in self._logs_led_by(index):
+            node.detach_consumers(log_)
+            for channel in log_.channels.values():
+                channel.serving = False
+        await node.stop()
+        await self._node_http[index].stop()
+        for topic in self.topics.values():
+            for part in topic.partitions.values():
+                if index not in part.replicas:
+                    continue
+                self._update_writable(part)
+                if part.leader == index:
+                    self._schedule_failover(part)
+        self.changed()
+
+    def _logs_led_by(self, index: int) -> list[PartitionLog]:
+        if self.classic:
+            return list(self.nodes[index].classic_topics.values())
+        return [
+            p.log for t in self.topics.values() for p in t.partitions.values() if p.leader == index
+        ]
+
+    def _schedule_failover(self, partition: Partition) -> None:
+        key = (partition.topic.name, partition.id)
+        old = self._failovers.pop(key, None)
+        if old is not None:
+            old.cancel()
+        if self.failover_delay <= 0:
+            self._failover(partition)
+            return
+        self._failovers[key] = self._running_loop().call_later(
+            self.failover_delay, self._failover, partition
+        )
+
+    def _failover(self, partition: Partition) -> None:
+        self._failovers.pop((partition.topic.name, partition.id), None)
+        leader = partition.leader
+        if leader is not None and self.nodes[leader].running:
+            return
+        alive = self._alive_replicas(partition)
+        if alive:
+            self._set_leader(partition, alive[0])
+        # else: no replica left; the dead leader leads again when it comes back
+
+    async def start_node(self, index: int) -> None:
+        """Restart a stopped node on the same ports. It rejoins its partitions as a replica
+        (and leads those that had no live replica)."""
+        node = self._node(index)
+        if node.running:
+            return
+        await node.start()
+        http = self._node_http[index]
+        await http.start()
+        node.http_port = http.port
+        for topic in self.topics.values():
+            for part in topic.partitions.values():
+                if index not in part.replicas:
+                    continue
+                if part.leader == index:
+                    # It still led (failover pending, or no replica could take over).
+                    pending = self._failovers.pop((topic.name, part.id), None)
+                    if pending is not None:
+                        pending.cancel()
+                    self._set_leader(part, index, restarted=True)
+                else:
+                    self._update_writable(part)
+        for log_ in node.classic_topics.values():
+            for channel in log_.channels.values():
+                channel.serving = True
+                channel.reset_for_new_leader()
+        self.changed()
+
+    async def drop_connections(
+        self, index: int, *, producers: bool = True, consumers: bool = True
+    ) -> int:
+        """Reset a node's client connections (the node stays up). Returns how many."""
+        dropped = self._node(index).drop_sessions(producers=producers, consumers=consumers)
+        await asyncio.sleep(0)
+        return dropped
+
+    def suspend_heartbeats(self, index: int) -> None:
+        """The node stops sending heartbeats (clients should notice and reconnect)."""
+        self._node(index).heartbeats_enabled = False
+
+    def resume_heartbeats(self, index: int) -> None:
+        self._node(index).heartbeats_enabled = True
+
+    def set_latency(self, index: int, seconds: float) -> None:
+        """Delay everything the node writes to its clients by ``seconds``."""
+        if seconds < 0:
+            raise ValidationError("seconds", "must be >= 0")
+        self._node(index).latency = seconds
+
+    async def stop_lookupd(self, index: int) -> None:
+        await self.lookupds[index].stop()
+
+    async def start_lookupd(self, index: int) -> None:
+        await self.lookupds[index].start()
+
+    def freeze_lookupd(self, index: int, topics: Sequence[str]) -> None:
+        """Make a lookupd keep answering lookups of ``topics`` as they are now (stale)."""
+        self.lookupds[index].snapshot(list(topics))
+
+    def thaw_lookupd(self, index: int) -> None:
+        self.lookupds[index].frozen = None
+
+    async def disable_write(self, kind: str = "all") -> None:
+        """nsqlookupd ``/disable/write``: "all", "ordered", or "" to re-enable."""
+        self.write_disabled = kind if kind in ("all", "ordered") else ""
+        await asyncio.sleep(0)
+
+    # ------------------------------------------------------------------ introspection
+
+    def _logs(self, topic: str, partition: int | None = None) -> list[PartitionLog]:
+        if self.classic:
+            return [n.classic_topics[topic] for n in self.nodes if topic in n.classic_topics]
+        parts = self._topic(topic).partitions
+        if partition is not None:
+            return [self._partition(topic, partition).log]
+        return [parts[p].log for p in sorted(parts)]
+
+    def messages(self, topic: str, partition: int | None = None) -> list[Record]:
+        """Every message accepted for the topic (or one partition), in log order."""
+        return [r for log_ in self._logs(topic, partition) for r in log_.records]
+
+    def depth(self, topic: str, channel: str | None = None, partition: int | None = None) -> int:
+        """Messages not yet delivered: of a channel, or of the topic's logs."""
+        logs = self._logs(topic, partition)
+        if channel is None:
+            return sum(len(log_.records) for log_ in logs)
+        return sum(log_.channels[channel].depth for log_ in logs if channel in log_.channels)
+
+    def in_flight(self, topic: str, channel: str, partition: int | None = None) -> int:
+        return sum(
+            len(log_.channels[channel].in_flight)
+            for log_ in self._logs(topic, partition)
+            if channel in log_.channels
+        )
+
+    def channel_record(self, topic: str, channel: str) -> ChannelRecord:
+        """Deliveries, FINs, requeues and timeouts of a channel (all partitions)."""
+        return self._records.setdefault((topic, channel), ChannelRecord())
+
+    def unfinished(self, topic: str, channel: str) -> int:
+        """Messages of the channel not finished yet (waiting, deferred or in flight)."""
+        return sum(
+            log_.channels[channel].depth + len(log_.channels[channel].in_flight)
+            for log_ in self._logs(topic)
+            if channel in log_.channels
+        )
+
+    def clients(self, index: int) -> int:
+        return len(self._node(index).sessions)

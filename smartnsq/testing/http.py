@@ -1,0 +1,263 @@
+"""A small asyncio HTTP/1.1 server for the emulated nsqlookupd and nsqd HTTP APIs, and the
+NSQ response envelopes (PROTOCOL.md section 8.1).
+
+Only what the NSQ APIs need: request line, headers, ``Content-Length`` bodies, keep-alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+__all__ = [
+    "V1_ACCEPT",
+    "ApiError",
+    "HttpServer",
+    "Request",
+    "Response",
+    "api_response",
+    "json_response",
+    "text_response",
+]
+
+log = logging.getLogger("smartnsq.testing.http")
+
+V1_ACCEPT = "application/vnd.nsq; version=1.0"
+V1_CONTENT_TYPE_HEADER = ("X-NSQ-Content-Type", "nsq; version=1.0")
+_JSON = "application/json; charset=utf-8"
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    406: "Not Acceptable",
+    411: "Length Required",
+    413: "Request Entity Too Large",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+MAX_HEADER_BYTES = 64 * 1024
+MAX_REQUEST_BODY = 16 * 1024 * 1024
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    body: bytes = b""
+
+    def arg(self, name: str, default: str | None = None) -> str | None:
+        values = self.query.get(name)
+        return values[0] if values else default
+
+    @property
+    def wants_v1(self) -> bool:
+        """The exact Accept header selects the v1 envelope (anything else: legacy)."""
+        return self.headers.get("accept") == V1_ACCEPT
+
+
+@dataclass
+class Response:
+    status: int = 200
+    body: bytes = b""
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    content_type: str = "text/plain; charset=utf-8"
+
+
+class ApiError(Exception):
+    """Raised by handlers to answer with an NSQ API error (status + message)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _dumps(data: Any) -> bytes:
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+def json_response(data: Any, status: int = 200, *, v1_header: bool = False) -> Response:
+    headers = [V1_CONTENT_TYPE_HEADER] if v1_header else []
+    return Response(status, _dumps(data), headers, _JSON)
+
+
+def text_response(text: str | bytes, status: int = 200) -> Response:
+    body = text.encode() if isinstance(text, str) else text
+    return Response(status, body)
+
+
+def api_response(request: Request, data: Any, *, negotiate: bool = True) -> Response:
+    """A success answer: bare JSON in v1 mode (or for V1-only endpoints), else the legacy
+    ``{"status_code":200,"status_txt":"OK","data":...}`` envelope."""
+    if not negotiate or request.wants_v1:
+        if data is None:
+            return Response(200, b"", [V1_CONTENT_TYPE_HEADER], _JSON)
+        return json_response(data, v1_header=True)
+    return json_response({"status_code": 200, "status_txt": "OK", "data": data})
+
+
+def api_error(request: Request, error: ApiError, *, negotiate: bool = True) -> Response:
+    """Errors: v1 mode keeps the status and answers ``{"message":...}``; the legacy envelope
+    always answers HTTP 500."""
+    if not negotiate or request.wants_v1:
+        return json_response({"message": error.message}, error.status, v1_header=True)
+    return json_response({"status_code": 500, "status_txt": error.message, "data": None}, 500)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class _HttpProtocol(asyncio.Protocol):
+    def __init__(self, server: HttpServer) -> None:
+        self._server = server
+        self._buf = bytearray()
+        self._transport: asyncio.Transport | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        self._server._connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._server._connections.discard(self)
+        self._closing = True
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        if len(self._buf) > MAX_HEADER_BYTES + MAX_REQUEST_BODY:
+            self.close()
+            return
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._serve())
+            self._server._tasks.add(self._task)
+            self._task.add_done_callback(self._server._tasks.discard)
+
+    def _next_request(self) -> Request | bool | None:
+        """A complete request, None if more bytes are needed, False if malformed."""
+        end = self._buf.find(b"\r\n\r\n")
+        if end < 0:
+            return False if len(self._buf) > MAX_HEADER_BYTES else None
+        head = bytes(self._buf[:end]).decode("latin-1")
+        lines = head.split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3:
+            return False
+        method, target, _ = parts
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep:
+                return False
+            headers[name.strip().lower()] = value.strip()
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            return False
+        try:
+            length = int(headers.get("content-length", "0"))
+        except ValueError:
+            return False
+        if length < 0 or length > MAX_REQUEST_BODY:
+            return False
+        if len(self._buf) < end + 4 + length:
+            return None
+        body = bytes(self._buf[end + 4 : end + 4 + length])
+        del self._buf[: end + 4 + length]
+        url = urlsplit(target)
+        return Request(method.upper(), url.path, parse_qs(url.query, True), headers, body)
+
+    async def _serve(self) -> None:
+        while not self._closing:
+            request = self._next_request()
+            if request is None:
+                return
+            if request is False:
+                self._write(Response(400, b"bad request"), keep_alive=False)
+                self.close()
+                return
+            if not isinstance(request, Request):
+                return
+            try:
+                response = await self._server.handler(request)
+            except ApiError as exc:
+                response = api_error(request, exc)
+            except Exception:  # a bug in an emulated endpoint must not kill the server
+                log.exception("HTTP handler failed for %s %s", request.method, request.path)
+                response = text_response("INTERNAL_ERROR", 500)
+            keep_alive = request.headers.get("connection", "").lower() != "close"
+            self._write(response, keep_alive=keep_alive)
+            if not keep_alive:
+                self.close()
+                return
+
+    def _write(self, response: Response, *, keep_alive: bool) -> None:
+        if self._transport is None or self._transport.is_closing():
+            return
+        reason = _REASONS.get(response.status, "Unknown")
+        head = [
+            f"HTTP/1.1 {response.status} {reason}",
+            f"Content-Type: {response.content_type}",
+            f"Content-Length: {len(response.body)}",
+        ]
+        head += [f"{k}: {v}" for k, v in response.headers]
+        if not keep_alive:
+            head.append("Connection: close")
+        self._transport.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + response.body)
+
+    def close(self) -> None:
+        self._closing = True
+        if self._transport is not None:
+            self._transport.close()
+
+
+class HttpServer:
+    """Serves ``handler`` on 127.0.0.1 (port 0 = chosen by the OS)."""
+
+    def __init__(self, handler: Handler, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.handler = handler
+        self.host = host
+        self.port = port
+        self._server: asyncio.base_events.Server | None = None
+        self._connections: set[_HttpProtocol] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _HttpProtocol(self), self.host, self.port, reuse_address=True
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for conn in list(self._connections):
+                conn.close()
+            await self._server.wait_closed()
+            self._server = None
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def query_flag(request: Request, name: str) -> bool:
+    """youzan flags take the literal string ``true``."""
+    return request.arg(name) == "true"
+
+
+def first(mapping: Mapping[str, list[str]], name: str) -> str | None:
+    values = mapping.get(name)
+    return values[0] if values else None

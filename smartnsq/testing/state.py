@@ -1,0 +1,535 @@
+"""The emulated cluster's data: topics, partitions (a log shared by the replicas, as the
+replication in a real youzan cluster achieves), channels and their delivery state.
+
+Pure data structures with no networking: sessions (``testing.nsqd``) subscribe to channels
+and receive messages through the :class:`Subscriber` interface.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from smartnsq.protocol.message import EXT_VERSION_NONE, PARTITION_ID_SHIFT, youzan_message_id
+
+__all__ = [
+    "Channel",
+    "ChannelRecord",
+    "Delivery",
+    "Partition",
+    "PartitionLog",
+    "Record",
+    "Subscriber",
+    "Topic",
+]
+
+# On-disk size of a youzan message: 4-byte length + 26-byte header (+ ext block) + body.
+_DISK_HEADER = 4 + 26
+# Messages a client takes per turn when several clients share a channel.
+_TURN = 64
+# Messages the tag dispatcher sets aside per pump before waiting for clients to free up.
+_MAX_PARKED = 1000
+
+
+class Record:
+    """One message stored in a partition log."""
+
+    __slots__ = (
+        "body",
+        "ext_raw",
+        "ext_version",
+        "id",
+        "index",
+        "internal_id",
+        "not_before",
+        "offset",
+        "raw_size",
+        "tag",
+        "timestamp",
+        "trace_id",
+    )
+
+    def __init__(
+        self,
+        index: int,
+        message_id: bytes,
+        internal_id: int,
+        trace_id: int,
+        timestamp: int,
+        body: bytes,
+        ext_version: int | None,
+        ext_raw: bytes,
+        offset: int,
+        raw_size: int,
+        tag: str | None,
+    ) -> None:
+        self.index = index
+        self.id = message_id
+        self.internal_id = internal_id
+        self.trace_id = trace_id
+        self.timestamp = timestamp
+        self.body = body
+        self.ext_version = ext_version
+        self.ext_raw = ext_raw
+        self.offset = offset
+        self.raw_size = raw_size
+        self.tag = tag
+        self.not_before = 0.0  # classic DPUB: not delivered before this monotonic time
+
+
+class Subscriber(Protocol):
+    """What a channel needs from a subscribed client session."""
+
+    rdy: int
+    in_flight: int
+    msg_timeout: float
+    desired_tag: str
+    sample_rate: int
+    label: str
+
+    def deliver(self, delivery: Delivery) -> None: ...
+
+
+class Delivery:
+    """A message of a channel that has been delivered at least once and is not finished."""
+
+    __slots__ = ("attempts", "client", "deadline", "record")
+
+    def __init__(self, record: Record) -> None:
+        self.record = record
+        self.attempts = 0
+        self.deadline = 0.0
+        self.client: Subscriber | None = None
+
+
+@dataclass
+class ChannelRecord:
+    """What a channel did, for tests: deliveries and FINs as (partition, internal id, ...)."""
+
+    deliveries: list[tuple[int | None, int, int, str]] = field(default_factory=list)
+    finished: list[tuple[int | None, int]] = field(default_factory=list)
+    requeued: list[tuple[int | None, int]] = field(default_factory=list)
+    timed_out: list[tuple[int | None, int]] = field(default_factory=list)
+
+    def finished_ids(self) -> list[tuple[int | None, int]]:
+        return list(self.finished)
+
+    def duplicates_finished(self) -> list[tuple[int | None, int]]:
+        """Messages finished more than once (must be empty)."""
+        seen: set[tuple[int | None, int]] = set()
+        dupes = []
+        for key in self.finished:
+            if key in seen:
+                dupes.append(key)
+            seen.add(key)
+        return dupes
+
+
+class PartitionLog:
+    """The append-only message log of one partition (or of one classic nsqd topic)."""
+
+    def __init__(
+        self, partition: int | None, *, ext: bool, classic: bool, topic_name: str = ""
+    ) -> None:
+        self.partition = partition
+        self.ext = ext
+        self.classic = classic
+        self.topic_name = topic_name
+        self.had_channel = False
+        self.records: list[Record] = []
+        self.end_offset = 0
+        # The captures show a fresh youzan partition numbering its first message 2.
+        self._sequence = itertools.count(1 if classic else 2)
+        self.channels: dict[str, Channel] = {}
+
+    def append(
+        self,
+        body: bytes,
+        *,
+        trace_id: int = 0,
+        ext_version: int | None = None,
+        ext_raw: bytes = b"",
+        tag: str | None = None,
+        timestamp: int | None = None,
+    ) -> Record:
+        sequence = next(self._sequence)
+        if self.classic:
+            internal_id = (int(time.time() * 1000) << 22) | (sequence & 0x3FFFFF)
+            message_id = b"%016x" % (internal_id & 0xFFFFFFFFFFFFFFFF)
+        else:
+            internal_id = ((self.partition or 0) << PARTITION_ID_SHIFT) | sequence
+            message_id = youzan_message_id(internal_id, trace_id)
+        if self.ext:
+            ext_version = EXT_VERSION_NONE if ext_version is None else ext_version
+            ext_size = 1 + (2 + len(ext_raw) if ext_version != EXT_VERSION_NONE else 0)
+        else:
+            ext_version = None
+            ext_size = 0
+        raw_size = _DISK_HEADER + ext_size + len(body)
+        record = Record(
+            len(self.records),
+            message_id,
+            internal_id,
+            trace_id,
+            time.time_ns() if timestamp is None else timestamp,
+            body,
+            ext_version,
+            ext_raw,
+            self.end_offset,
+            raw_size,
+            tag,
+        )
+        self.records.append(record)
+        self.end_offset += raw_size
+        for channel in self.channels.values():
+            channel.schedule_pump()
+        return record
+
+    def index_for_offset(self, offset: int) -> int:
+        """Index of the first record at or after a queue offset."""
+        lo, hi = 0, len(self.records)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.records[mid].offset < offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def index_for_timestamp(self, unix_seconds: int) -> int:
+        limit = unix_seconds * 1_000_000_000
+        for record in self.records:
+            if record.timestamp >= limit:
+                return record.index
+        return len(self.records)
+
+
+class Channel:
+    """Delivery state of one channel on one partition log.
+
+    Unordered: messages go to subscribed clients while each has in-flight < RDY; requeued
+    messages are redelivered before new ones. Ordered (after SUB_ORDERED): exactly one message
+    in flight, strictly in queue order; REQ delays are ignored.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        log: PartitionLog,
+        *,
+        start_index: int,
+        schedule: Callable[[Callable[[], None]], object],
+        clock: Callable[[], float],
+        record: ChannelRecord | None,
+    ) -> None:
+        self.name = name
+        self.log = log
+        self.next_index = start_index
+        self.ordered = False
+        self.paused = False
+        self.clients: list[Subscriber] = []
+        self.in_flight: dict[bytes, Delivery] = {}
+        self.requeue: deque[Delivery] = deque()
+        self.deferred: list[tuple[float, int, Delivery]] = []
+        self._deferred_seq = itertools.count()
+        self._schedule = schedule
+        self._clock = clock
+        self._pump_scheduled = False
+        self._rr = 0
+        self.record = record
+        self.next_deadline = float("inf")
+        self.message_count = 0
+        self.requeue_count = 0
+        self.timeout_count = 0
+        self.finish_count = 0
+        self.serving = True  # False while the partition has no leader to serve it
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def depth(self) -> int:
+        """Messages waiting to be delivered (not counting in-flight ones)."""
+        return len(self.log.records) - self.next_index + len(self.requeue) + len(self.deferred)
+
+    def has_client_tags(self) -> bool:
+        return any(c.desired_tag for c in self.clients)
+
+    # ------------------------------------------------------------------ clients
+
+    def add_client(self, client: Subscriber) -> None:
+        self.clients.append(client)
+        self.schedule_pump()
+
+    def remove_client(self, client: Subscriber) -> None:
+        """The client left: its in-flight messages go back to the queue (attempts kept)."""
+        if client in self.clients:
+            self.clients.remove(client)
+        returned = [d for d in self.in_flight.values() if d.client is client]
+        for delivery in returned:
+            del self.in_flight[delivery.record.id]
+            delivery.client = None
+        if returned:
+            returned.sort(key=lambda d: d.record.index)
+            self.requeue.extendleft(reversed(returned))
+            self.schedule_pump()
+
+    # ------------------------------------------------------------------ delivery
+
+    def schedule_pump(self) -> None:
+        if not self._pump_scheduled:
+            self._pump_scheduled = True
+            self._schedule(self.pump)
+
+    def _next_delivery(self) -> Delivery | None:
+        if self.requeue:
+            return self.requeue.popleft()
+        records = self.log.records
+        while self.next_index < len(records):
+            record = records[self.next_index]
+            self.next_index += 1
+            if record.not_before and record.not_before > self._clock():
+                entry = (record.not_before, next(self._deferred_seq), Delivery(record))
+                heapq.heappush(self.deferred, entry)
+                continue
+            return Delivery(record)
+        return None
+
+    def _has_pending(self) -> bool:
+        return bool(self.requeue) or self.next_index < len(self.log.records)
+
+    def pump(self) -> None:
+        """Deliver to every client with room (each client takes a turn of a few messages)."""
+        self._pump_scheduled = False
+        if self.paused or not self.serving or not self.clients:
+            return
+        if self.ordered:
+            self._pump_ordered()
+        elif self.has_client_tags():
+            self._pump_tagged()
+        else:
+            self._pump_unordered()
+
+    def _pump_unordered(self) -> None:
+        clients = self.clients
+        while True:
+            sent = False
+            for client in clients:
+                room = min(client.rdy - client.in_flight, _TURN)
+                while room > 0:
+                    delivery = self._next_delivery()
+                    if delivery is None:
+                        return
+                    if client.sample_rate and _sampled_out(client.sample_rate):
+                        self._finish(delivery, sampled=True)
+                        continue
+                    self._send(delivery, client)
+                    room -= 1
+                    sent = True
+            if not sent:
+                return
+
+    def _pump_tagged(self) -> None:
+        """Tag dispatch (youzan ext topics): a tagged message goes to a client that wants its
+        tag, or to an untagged client when no client wants it; untagged clients get untagged
+        messages. Messages nobody can take now stay queued, in order."""
+        parked: list[Delivery] = []
+        while len(parked) < _MAX_PARKED:
+            if not any(c.in_flight < c.rdy for c in self.clients):
+                break
+            delivery = self._next_delivery()
+            if delivery is None:
+                break
+            tag = delivery.record.tag or ""
+            wanting = [c for c in self.clients if c.desired_tag == tag]
+            if not wanting and tag:
+                wanting = [c for c in self.clients if not c.desired_tag]
+            target = next((c for c in wanting if c.in_flight < c.rdy), None)
+            if target is None:
+                parked.append(delivery)
+            else:
+                self._send(delivery, target)
+        self.requeue.extendleft(reversed(parked))
+
+    def _pump_ordered(self) -> None:
+        if self.in_flight:
+            return
+        ready = [c for c in self.clients if c.rdy > 0 and c.in_flight < c.rdy]
+        if not ready:
+            return
+        delivery = self._next_delivery()
+        if delivery is None:
+            return
+        self._rr = (self._rr + 1) % len(ready)
+        self._send(delivery, ready[self._rr])
+
+    def _send(self, delivery: Delivery, client: Subscriber) -> None:
+        delivery.attempts += 1
+        delivery.client = client
+        deadline = self._clock() + client.msg_timeout
+        delivery.deadline = deadline
+        if deadline < self.next_deadline:
+            self.next_deadline = deadline
+        self.in_flight[delivery.record.id] = delivery
+        client.in_flight += 1
+        self.message_count += 1
+        if self.record is not None:
+            record = delivery.record
+            self.record.deliveries.append(
+                (self.log.partition, record.internal_id, delivery.attempts, client.label)
+            )
+        client.deliver(delivery)
+
+    # ------------------------------------------------------------------ answers
+
+    def take(self, message_id: bytes, client: Subscriber) -> Delivery | None:
+        """Remove an in-flight message owned by ``client`` (None if not in flight)."""
+        delivery = self.in_flight.get(message_id)
+        if delivery is None or delivery.client is not client:
+            return None
+        del self.in_flight[message_id]
+        client.in_flight -= 1
+        delivery.client = None
+        return delivery
+
+    def finish(self, message_id: bytes, client: Subscriber) -> bool:
+        delivery = self.take(message_id, client)
+        if delivery is None:
+            return False
+        self._finish(delivery)
+        self.schedule_pump()
+        return True
+
+    def _finish(self, delivery: Delivery, *, sampled: bool = False) -> None:
+        self.finish_count += 1
+        if self.record is not None and not sampled:
+            self.record.finished.append((self.log.partition, delivery.record.internal_id))
+
+    def requeue_message(self, message_id: bytes, client: Subscriber, delay: float) -> bool:
+        if self.ordered and delay > 0:
+            # youzan ignores REQ delays on ordered channels: the message stays in flight
+            # until its timeout.
+            return message_id in self.in_flight and self.in_flight[message_id].client is client
+        delivery = self.take(message_id, client)
+        if delivery is None:
+            return False
+        self.requeue_count += 1
+        if self.record is not None:
+            self.record.requeued.append((self.log.partition, delivery.record.internal_id))
+        if delay > 0:
+            heapq.heappush(
+                self.deferred, (self._clock() + delay, next(self._deferred_seq), delivery)
+            )
+        elif self.ordered:
+            self.requeue.appendleft(delivery)
+        else:
+            self.requeue.append(delivery)
+        self.schedule_pump()
+        return True
+
+    def touch(self, message_id: bytes, client: Subscriber) -> bool:
+        delivery = self.in_flight.get(message_id)
+        if delivery is None or delivery.client is not client:
+            return False
+        delivery.deadline = self._clock() + client.msg_timeout
+        return True
+
+    # ------------------------------------------------------------------ timers
+
+    def sweep(self, now: float) -> None:
+        """Redeliver timed-out messages and release deferred ones whose time came."""
+        if self.deferred and self.deferred[0][0] <= now:
+            while self.deferred and self.deferred[0][0] <= now:
+                _, _, delivery = heapq.heappop(self.deferred)
+                self.requeue.append(delivery)
+            self.schedule_pump()
+        if now < self.next_deadline:
+            return
+        expired = [d for d in self.in_flight.values() if d.deadline <= now]
+        for delivery in expired:
+            del self.in_flight[delivery.record.id]
+            client = delivery.client
+            if client is not None:
+                client.in_flight -= 1
+            delivery.client = None
+            self.timeout_count += 1
+            if self.record is not None:
+                self.record.timed_out.append((self.log.partition, delivery.record.internal_id))
+        if expired:
+            expired.sort(key=lambda d: d.record.index)
+            self.requeue.extendleft(reversed(expired))
+            self.schedule_pump()
+        self.next_deadline = min(
+            (d.deadline for d in self.in_flight.values()), default=float("inf")
+        )
+
+    def reset_for_new_leader(self) -> None:
+        """Leadership moved: every unfinished message will be redelivered by the new leader,
+        same id, attempts counted afresh (the new leader keeps no attempt counters)."""
+        returned = sorted(self.in_flight.values(), key=lambda d: d.record.index)
+        self.in_flight.clear()
+        for delivery in returned:
+            client = delivery.client
+            if client is not None:
+                client.in_flight -= 1
+            delivery.client = None
+        merged = sorted([*returned, *self.requeue], key=lambda d: d.record.index)
+        self.requeue = deque(merged)
+        for delivery in self.requeue:
+            delivery.attempts = 0
+        for _, _, delivery in self.deferred:
+            delivery.attempts = 0
+        self.next_deadline = float("inf")
+        self.schedule_pump()
+
+    def iter_unfinished(self) -> Iterator[Delivery]:
+        yield from self.in_flight.values()
+        yield from self.requeue
+        for _, _, delivery in self.deferred:
+            yield delivery
+
+
+def _sampled_out(rate: int) -> bool:
+    import random
+
+    return random.randint(0, 99) >= rate
+
+
+@dataclass
+class Partition:
+    """One partition of a youzan topic: its replicas, leader and shared log."""
+
+    topic: Topic
+    id: int
+    replicas: list[int]
+    leader: int | None
+    log: PartitionLog
+    writable: bool = True
+    forced_unwritable: bool = False
+
+
+@dataclass
+class Topic:
+    name: str
+    partition_num: int
+    replica: int
+    ordered: bool = False
+    ext: bool = False
+    multi_part: bool = False
+    disable_channel_auto_create: bool = False
+    partitions: dict[int, Partition] = field(default_factory=dict)
+    channel_names: list[str] = field(default_factory=list)
+
+    def meta(self) -> dict[str, object]:
+        return {
+            "disable_channel_auto_create": self.disable_channel_auto_create,
+            "extend_support": self.ext,
+            "multi_part": self.multi_part,
+            "ordered": self.ordered,
+            "partition_num": self.partition_num,
+            "replica": self.replica,
+        }

@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from smartnsq.testing import Cluster
+
+# partition -> nodes (leader first), from topology_at_capture.json and nsqlookupd_nodes.json
+CAPTURE = {
+    "ptest": {0: [1, 2], 1: [3, 0]},
+    "otest": {0: [3, 0], 1: [0, 1], 2: [1, 2], 3: [2, 3]},
+    "etest": {0: [1, 2], 1: [3, 0]},
+    "p3": {0: [0], 1: [1], 2: [3]},
+    "r3test": {0: [0, 1, 3]},
+}
+
+
+@pytest.fixture
+async def youzan() -> AsyncIterator[Cluster]:
+    """The topology of the captures (topology_at_capture.json, nodes numbered from 0 here:
+    the transcripts' nsqd2 is node 1): 4 nodes; ptest 2x2, otest 4x2 ordered, etest 2x2 ext,
+    p3 3x1, r3test 1x3; every topic with the channel "init"."""
+    async with Cluster(nodes=4) as cluster:
+        await cluster.create_topic("ptest", 2, 2, channels=["init"], placement=CAPTURE["ptest"])
+        await cluster.create_topic(
+            "otest", 4, 2, ordered=True, channels=["init"], placement=CAPTURE["otest"]
+        )
+        await cluster.create_topic(
+            "etest", 2, 2, ext=True, channels=["init"], placement=CAPTURE["etest"]
+        )
+        await cluster.create_topic("p3", 3, 1, channels=["init"], placement=CAPTURE["p3"])
+        await cluster.create_topic("r3test", 1, 3, channels=["init"], placement=CAPTURE["r3test"])
+        yield cluster
+
+
+@pytest.fixture
+async def classic() -> AsyncIterator[Cluster]:
+    async with Cluster(classic=True, nodes=1) as cluster:
+        yield cluster
