@@ -2,5 +2,6 @@
 and requeue-delay policies."""
 
 from smartnsq.flow.backoff import BackoffPolicy, BackoffStrategy, requeue_delay
+from smartnsq.flow.rdy import Outcome, RdyController
 
-__all__ = ["BackoffPolicy", "BackoffStrategy", "requeue_delay"]
+__all__ = ["BackoffPolicy", "BackoffStrategy", "Outcome", "RdyController", "requeue_delay"]
