@@ -252,7 +252,7 @@ class RdyController(Generic[K]):
                 self._send(conn, share)
                 return [(key, share)]
         if rdy and remaining * 4 < rdy:
-            # Below 25 % of the last count: re-send it (nsqd before 0.2.29 decremented RDY).
+            # Below 25 % of the last count: re-send it (old nsqd versions decrement RDY).
             conn.remaining = rdy
             return [(key, rdy)]
         return []
