@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from typing import Any
 
 from smartnsq.protocol import commands
+from smartnsq.protocol.compression import StreamCodec
 from smartnsq.protocol.frames import (
     FRAME_TYPE_ERROR,
     FRAME_TYPE_MESSAGE,
@@ -27,6 +29,7 @@ class RawClient:
         self.writer = writer
         self.decoder = FrameDecoder()
         self.skip_heartbeats = True
+        self.codec: StreamCodec | None = None
 
     @classmethod
     async def connect(cls, address: str, *, magic: bool = True) -> RawClient:
@@ -48,7 +51,15 @@ class RawClient:
         return client
 
     def send(self, data: bytes) -> None:
-        self.writer.write(data)
+        self.writer.write(self.codec.compress(data) if self.codec is not None else data)
+
+    def compress_with(self, codec: StreamCodec) -> None:
+        """The server switched the stream to ``codec`` right after its last frame."""
+        self.codec = codec
+        self.decoder.install_decompressor(codec.decompress)
+
+    async def start_tls(self, context: ssl.SSLContext) -> None:
+        await self.writer.start_tls(context, server_hostname="127.0.0.1")
 
     async def frame(self, timeout: float = TIMEOUT) -> Frame:
         async def _next() -> Frame:

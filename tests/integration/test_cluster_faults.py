@@ -1,0 +1,294 @@
+"""Fault injection and durability of the embedded cluster, checked with raw sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from smartnsq.protocol import commands as c
+from smartnsq.protocol.message import MessageLayout
+from smartnsq.testing import Cluster
+from tests.integration.rawclient import RawClient
+
+YOUZAN = MessageLayout.youzan()
+V1 = {"Accept": "application/vnd.nsq; version=1.0"}
+
+
+async def _lookup(cluster: Cluster, topic: str, access: str) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=5) as http:
+        return await http.get(
+            f"{cluster.lookupd_url}/lookup",
+            params={"topic": topic, "access": access, "metainfo": "true"},
+            headers=V1,
+        )
+
+
+async def _leaders(cluster: Cluster, topic: str, access: str = "w") -> dict[int, int]:
+    """partition -> tcp port of its leader, as nsqlookupd answers."""
+    answer = (await _lookup(cluster, topic, access)).json()
+    return {int(p): peer["tcp_port"] for p, peer in answer["partitions"].items()}
+
+
+def _port(cluster: Cluster, node: int) -> int:
+    return int(cluster.nsqd_addresses[node].rsplit(":", 1)[1])
+
+
+async def _producer(cluster: Cluster, node: int) -> RawClient:
+    return await RawClient.identified(cluster.nsqd_addresses[node])
+
+
+async def _consumer(
+    cluster: Cluster, node: int, topic: str, channel: str, partition: int, rdy: int = 100
+) -> RawClient:
+    client = await RawClient.identified(cluster.nsqd_addresses[node])
+    await client.ok(c.sub(topic, channel, partition))
+    client.send(c.rdy(rdy))
+    return client
+
+
+async def test_move_leader(youzan: Cluster) -> None:
+    """The old leader keeps producer connections (they answer E_FAILED_ON_NOT_LEADER),
+    closes consumer connections; the new leader redelivers un-FINed messages with the same
+    id and attempts reset to 1; the lookup shows the new leader."""
+    old, new = 1, 2  # ptest-0: leader node 1, replica node 2
+    producer = await _producer(youzan, old)
+    consumer = await _consumer(youzan, old, "ptest", "mv", 0)
+    await producer.ok(c.pub("ptest", b"unfinished", 0))
+    first = await consumer.message(YOUZAN)
+    assert first.attempts == 1
+    await youzan.move_leader("ptest", 0, to_node=new)
+    assert await consumer.closed()
+    assert await producer.error(c.pub("ptest", b"x", 0)) == "E_FAILED_ON_NOT_LEADER "
+    assert await producer.error(c.pub("ptest", b"y", 0)) == "E_FAILED_ON_NOT_LEADER "  # open
+    assert (await _leaders(youzan, "ptest"))[0] == _port(youzan, new)
+    again = await _consumer(youzan, new, "ptest", "mv", 0)
+    redelivered = await again.message(YOUZAN)
+    assert (redelivered.id, redelivered.attempts, redelivered.body) == (first.id, 1, b"unfinished")
+    again.send(c.fin(redelivered.id))
+    await youzan.wait_for(lambda: youzan.unfinished("ptest", "mv") == 0)
+    assert youzan.channel_record("ptest", "mv").finished == [(0, first.internal_id)]
+    for client in (producer, again):
+        await client.close()
+
+
+async def test_move_leader_to_a_non_replica_adds_it(youzan: Cluster) -> None:
+    assert youzan.topology("ptest")[0]["replicas"] == [1, 2]
+    await youzan.move_leader("ptest", 0, to_node=0)
+    assert youzan.topology("ptest")[0] == {"leader": 0, "replicas": [1, 2, 0], "writable": True}
+
+
+async def test_stop_node_fails_over_with_quorum() -> None:
+    async with Cluster(nodes=3) as cluster:
+        await cluster.create_topic("r3", 1, 3, channels=["c"], placement={0: [0, 1, 2]})
+        await cluster.create_topic("r2", 1, 2, channels=["c"], placement={0: [0, 1]})
+        producer = await _producer(cluster, 0)
+        await producer.ok(c.pub("r3", b"before", 0))
+        await cluster.stop_node(0)
+        assert await producer.closed()
+        # 3 replicas, 2 alive: a majority, the new leader takes writes
+        assert cluster.topology("r3")[0] == {"leader": 1, "replicas": [0, 1, 2], "writable": True}
+        node1 = await _producer(cluster, 1)
+        await node1.ok(c.pub("r3", b"after", 0))
+        # 2 replicas, 1 alive: leader moves but the partition refuses writes (as captured)
+        assert cluster.topology("r2")[0]["leader"] == 1
+        assert await node1.error(c.pub("r2", b"x", 0)) == "E_FAILED_ON_NOT_WRITABLE "
+        assert await _leaders(cluster, "r2", "w") == {}
+        assert await _leaders(cluster, "r2", "r") == {0: _port(cluster, 1)}
+        await cluster.start_node(0)
+        assert cluster.topology("r2")[0] == {"leader": 1, "replicas": [0, 1], "writable": True}
+        await node1.ok(c.pub("r2", b"writable again", 0))
+        # Everything acknowledged survived the crash.
+        assert [r.body for r in cluster.messages("r3")] == [b"before", b"after"]
+        await node1.close()
+
+
+async def test_failover_delay() -> None:
+    async with Cluster(nodes=3, failover_delay=0.3) as cluster:
+        await cluster.create_topic("t", 1, 3, channels=["c"], placement={0: [0, 1, 2]})
+        started = time.monotonic()
+        await cluster.stop_node(0)
+        assert await _leaders(cluster, "t", "r") == {}  # no live leader during the election
+        await cluster.wait_for(lambda: cluster.leader("t", 0) == 1, timeout=3)
+        assert time.monotonic() - started >= 0.3
+        assert await _leaders(cluster, "t") == {0: _port(cluster, 1)}
+
+
+async def test_restart_before_failover_keeps_leadership() -> None:
+    async with Cluster(nodes=2, failover_delay=5) as cluster:
+        await cluster.create_topic("t", 1, 2, channels=["c"], placement={0: [0, 1]})
+        await cluster.stop_node(0)
+        await cluster.start_node(0)
+        assert cluster.topology("t")[0] == {"leader": 0, "replicas": [0, 1], "writable": True}
+        producer = await _producer(cluster, 0)
+        await producer.ok(c.pub("t", b"back", 0))
+        await producer.close()
+
+
+async def test_unwritable_partition(youzan: Cluster) -> None:
+    producer = await _producer(youzan, 1)
+    await youzan.set_writable("ptest", 0, False)
+    assert await producer.error(c.pub("ptest", b"x", 0)) == "E_FAILED_ON_NOT_WRITABLE "
+    assert 0 not in await _leaders(youzan, "ptest", "w")
+    assert 0 in await _leaders(youzan, "ptest", "r")
+    await youzan.set_writable("ptest", 0, True)
+    await producer.ok(c.pub("ptest", b"x", 0))  # same connection: the error was not fatal
+    await producer.close()
+
+
+async def test_drop_connections(youzan: Cluster) -> None:
+    producer = await _producer(youzan, 1)
+    consumer = await _consumer(youzan, 1, "ptest", "d", 0)
+    dropped = await youzan.drop_connections(1, producers=False)
+    assert dropped == 1
+    assert await consumer.closed()
+    await producer.ok(c.pub("ptest", b"x", 0))
+    assert await youzan.drop_connections(1) == 1
+    assert await producer.closed()
+
+
+async def test_suspended_heartbeats() -> None:
+    async with Cluster(nodes=1) as cluster:
+        await cluster.create_topic("t", 1, 1, channels=["c"])
+        client = await RawClient.identified(cluster.nsqd_addresses[0], heartbeat_interval=1000)
+        client.skip_heartbeats = False
+        cluster.suspend_heartbeats(0)
+        assert await client.silent(1.5)
+        cluster.resume_heartbeats(0)
+        assert (await client.frame(2.5)).data == b"_heartbeat_"
+        await client.close()
+
+
+async def test_latency(youzan: Cluster) -> None:
+    producer = await _producer(youzan, 1)
+    youzan.set_latency(1, 0.2)
+    started = time.monotonic()
+    await producer.ok(c.pub("ptest", b"slow", 0))
+    assert time.monotonic() - started >= 0.2
+    youzan.set_latency(1, 0)
+    await producer.close()
+
+
+async def test_frozen_lookupd_serves_a_stale_answer() -> None:
+    async with Cluster(nodes=3, lookupds=2) as cluster:
+        await cluster.create_topic("t", 1, 2, channels=["c"], placement={0: [0, 1]})
+        cluster.freeze_lookupd(1, ["t"])
+        await cluster.move_leader("t", 0, to_node=1)
+        async with httpx.AsyncClient(timeout=5) as http:
+            answers = [
+                (await http.get(f"{url}/lookup", params={"topic": "t"}, headers=V1)).json()
+                for url in cluster.lookupd_urls
+            ]
+        assert answers[0]["partitions"]["0"]["tcp_port"] == _port(cluster, 1)
+        assert answers[1]["partitions"]["0"]["tcp_port"] == _port(cluster, 0)
+        cluster.thaw_lookupd(1)
+
+
+def _leader(cluster: Cluster, topic: str, partition: int) -> int:
+    leader = cluster.leader(topic, partition)
+    assert leader is not None
+    return leader
+
+
+async def test_durability_across_leader_moves_and_crashes() -> None:
+    """Everything acknowledged survives; what was not finished is redelivered; nothing
+    finished is redelivered."""
+    async with Cluster(nodes=3) as cluster:
+        await cluster.create_topic("d", 3, 3, channels=["c"])
+        leaders = {p: _leader(cluster, "d", p) for p in range(3)}
+        for p, node in leaders.items():
+            producer = await _producer(cluster, node)
+            await producer.ok(c.mpub("d", [f"{p}-{i}".encode() for i in range(50)], p))
+            await producer.close()
+        # Consume part of each partition, leaving some in flight.
+        finished: dict[int, set[int]] = {}
+        consumers = []
+        for p, node in leaders.items():
+            consumer = await _consumer(cluster, node, "d", "c", p, rdy=30)
+            got = [await consumer.message(YOUZAN) for _ in range(30)]
+            consumer.send(c.rdy(0))
+            for message in got[:20]:
+                consumer.send(c.fin(message.id))
+            finished[p] = {m.internal_id for m in got[:20] if m.internal_id is not None}
+            await cluster.wait_for(lambda p=p: cluster.in_flight("d", "c", p) == 10)
+            consumers.append(consumer)
+        await cluster.move_leader("d", 0, to_node=(leaders[0] + 1) % 3)
+        await cluster.stop_node(leaders[1])
+        assert await consumers[0].closed()  # its partition moved away
+        assert await consumers[1].closed()  # its node crashed
+        await consumers[2].close()  # a plain disconnect: in-flight messages go back too
+        for p in range(3):
+            consumer = await _consumer(cluster, _leader(cluster, "d", p), "d", "c", p, rdy=50)
+            for _ in range(30):
+                message = await consumer.message(YOUZAN)
+                assert message.internal_id not in finished[p]
+                consumer.send(c.fin(message.id))
+            assert await consumer.silent(0.1)
+            await consumer.close()
+        record = cluster.channel_record("d", "c")
+        assert record.duplicates_finished() == []
+        every = [(p, r.internal_id) for p in range(3) for r in cluster.messages("d", p)]
+        assert len(every) == 150
+        assert sorted(record.finished) == sorted(every)
+
+
+async def test_message_timeout_touch_and_req_delay() -> None:
+    async with Cluster(nodes=1) as cluster:
+        await cluster.create_topic("t", 1, 1, channels=["c"])
+        producer = await _producer(cluster, 0)
+        consumer = await RawClient.identified(cluster.nsqd_addresses[0], msg_timeout=1000)
+        await consumer.ok(c.sub("t", "c", 0))
+        consumer.send(c.rdy(10))
+        await producer.ok(c.pub("t", b"slow handler", 0))
+        message = await consumer.message(YOUZAN)
+        started = time.monotonic()
+        await asyncio.sleep(0.6)
+        consumer.send(c.touch(message.id))  # resets the 1 s timeout
+        again = await consumer.message(YOUZAN, timeout=3)
+        assert again.id == message.id
+        assert again.attempts == 2
+        assert time.monotonic() - started >= 1.5
+        assert cluster.channel_record("t", "c").timed_out == [(0, message.internal_id)]
+        consumer.send(c.req(again.id, 300))
+        delayed_at = time.monotonic()
+        third = await consumer.message(YOUZAN, timeout=3)
+        assert third.attempts == 3
+        assert time.monotonic() - delayed_at >= 0.25
+        consumer.send(c.fin(third.id))
+        await cluster.wait_for(lambda: cluster.unfinished("t", "c") == 0)
+        for client in (producer, consumer):
+            await client.close()
+
+
+async def test_ordered_channel_ignores_req_delay() -> None:
+    async with Cluster(nodes=1) as cluster:
+        await cluster.create_topic("o", 1, 1, ordered=True, channels=["c"])
+        producer = await _producer(cluster, 0)
+        await producer.ok(c.pub("o", b"first", 0))
+        await producer.ok(c.pub("o", b"second", 0))
+        consumer = await RawClient.identified(cluster.nsqd_addresses[0], msg_timeout=1000)
+        await consumer.ok(c.sub_ordered("o", "c", 0))
+        consumer.send(c.rdy(5))
+        layout = MessageLayout.youzan(detail=True)
+        first = await consumer.message(layout)
+        consumer.send(c.req(first.id, 5000))  # ignored: stays in flight until its timeout
+        assert await consumer.silent(0.5)
+        again = await consumer.message(layout, timeout=2)
+        assert (again.body, again.attempts) == (b"first", 2)
+        consumer.send(c.req(again.id, 0))  # REQ 0 requeues at once, still first in line
+        third = await consumer.message(layout)
+        assert (third.body, third.attempts) == (b"first", 3)
+        consumer.send(c.fin(third.id))
+        assert (await consumer.message(layout)).body == b"second"
+        for client in (producer, consumer):
+            await client.close()
+
+
+@pytest.mark.parametrize("count", [2501, -1])
+async def test_rdy_out_of_range_is_fatal(youzan: Cluster, count: int) -> None:
+    client = await _consumer(youzan, 1, "ptest", "r", 0, rdy=1)
+    text = await client.error(b"RDY %d\n" % count)
+    assert text == f"E_INVALID RDY count {count} out of range 0-2500"
+    assert await client.closed()
