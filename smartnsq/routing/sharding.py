@@ -17,6 +17,7 @@ Pure code: no I/O, and never Python's ``hash()``, which is randomised per proces
 from __future__ import annotations
 
 import codecs
+import reprlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -292,8 +293,9 @@ class Sharder:
         if type(result) is not int or not 0 <= result < n:
             raise ValidationError(
                 "sharding",
-                f"custom strategy {_describe(func)} returned {result!r} for key {key!r} and "
-                f"partition_num={n}; it must return an int in 0..{n - 1}",
+                f"custom strategy {_describe(func)} returned {result!r} for key "
+                f"{reprlib.repr(key)} and partition_num={n}; it must return an int in "
+                f"0..{n - 1}",
             )
         return result
 
