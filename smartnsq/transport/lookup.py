@@ -236,6 +236,7 @@ class LookupManager:
         self._discovery_end: float | None = None
         self._poller: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
+        self._poll_deadline = float("-inf")  # when the sleeping poller wakes up by itself
         self._seq = itertools.count(1)
         self._closed = False
 
@@ -288,9 +289,7 @@ class LookupManager:
         self._watchers.setdefault(key, []).append(watcher)
         if key not in self._tracked:
             # Nothing known yet: due at once, so the poller fetches it without waiting.
-            self._tracked[key] = self._clock() if key not in self._cache else self._next_due()
-            if self._wake is not None:
-                self._wake.set()
+            self._schedule(key, self._clock() if key not in self._cache else self._next_due())
         self._start_poller()
 
         def unwatch() -> None:
@@ -310,7 +309,7 @@ class LookupManager:
         due = [key for key, when in self._tracked.items() if when <= now]
         for key in due:
             # A placeholder in case the refresh is rate-limited; a round reschedules with jitter.
-            self._tracked[key] = now + self._poll_interval
+            self._schedule(key, now + self._poll_interval)
         if due:
             await asyncio.gather(*(self._poll_key(key) for key in due))
         return len(due)
@@ -368,8 +367,15 @@ class LookupManager:
         return self._clock() + self._interval()
 
     def _track(self, key: _Key) -> None:
-        # A placeholder: the round that follows reschedules from its own end.
-        self._tracked.setdefault(key, self._clock() + self._poll_interval)
+        if key not in self._tracked:
+            # A placeholder: the round that follows reschedules from its own end.
+            self._schedule(key, self._clock() + self._poll_interval)
+
+    def _schedule(self, key: _Key, when: float) -> None:
+        """Set when ``key`` is next refreshed; wake the poller if that is before its alarm."""
+        self._tracked[key] = when
+        if self._wake is not None and when < self._poll_deadline:
+            self._wake.set()
 
     async def _refresh(self, key: _Key) -> TopicLayout:
         task = self._inflight.get(key)
@@ -396,6 +402,7 @@ class LookupManager:
 
     async def _round(self, key: _Key) -> TopicLayout:
         topic, access = key
+        self._topic_errors.pop(key, None)  # remembered for one round only
         try:
             layout = await self._query(topic, access)
         except (TopicNotFoundError, TopicHasNoChannelError) as exc:
@@ -414,10 +421,9 @@ class LookupManager:
                 del self._inflight[key]
             self._round_end[key] = self._clock()
             if key in self._tracked:
-                self._tracked[key] = self._next_due()
+                self._schedule(key, self._next_due())
         previous = self._cache.get(key)
         self._cache[key] = layout
-        self._topic_errors.pop(key, None)
         if layout != previous:
             self._logger.debug(
                 "layout of %r (access=%s) changed: %s", topic, access, _summary(layout)
@@ -441,7 +447,14 @@ class LookupManager:
         for error in errors:
             if error.topic_not_found:
                 raise error.to_exception(topic)
-        details = "; ".join(f"{a.lookupd}: {a.error or a.failure}" for a in answers)
+        details = "; ".join(
+            [f"{a.lookupd}: {a.error or a.failure}" for a in answers]
+            + [
+                f"{lookupd.address}: not asked, backing off after {lookupd.last_error}"
+                for lookupd in self._lookupds.values()
+                if lookupd not in targets
+            ]
+        )
         raise LookupFailedError(
             f"no nsqlookupd answered the lookup of topic {topic!r} (access={access}): {details}"
         )
@@ -611,7 +624,7 @@ class LookupManager:
         self._poller = loop.create_task(self._poll_loop(), name="smartnsq-lookup-poller")
 
     async def _poll_loop(self) -> None:
-        self._wake = asyncio.Event()
+        wake = self._wake = asyncio.Event()
         while not self._closed:
             try:
                 await self.poll_once()
@@ -619,27 +632,23 @@ class LookupManager:
                 return
             except Exception:
                 self._logger.exception("lookup poller: unexpected error")
-            await self._idle(self._poll_delay())
+            await self._idle(wake, self._poll_delay())
 
     def _poll_delay(self) -> float:
         if not self._tracked:
             return self._poll_interval
         return max(0.0, min(self._tracked.values()) - self._clock())
 
-    async def _idle(self, delay: float) -> None:
-        """Sleep ``delay`` (with the injected sleep), or less if a new topic is watched."""
-        wake = self._wake
-        if wake is None:
-            await self._sleep(delay)
-            return
-        if wake.is_set():
-            wake.clear()
-            return
+    async def _idle(self, wake: asyncio.Event, delay: float) -> None:
+        """Sleep ``delay`` with the injected sleep, or less if something becomes due earlier
+        (see :meth:`_schedule`)."""
+        self._poll_deadline = self._clock() + delay
         sleeper = asyncio.ensure_future(self._sleep(delay))
         waiter = asyncio.ensure_future(wake.wait())
         try:
             await asyncio.wait({sleeper, waiter}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            self._poll_deadline = float("-inf")
             sleeper.cancel()
             waiter.cancel()
             await asyncio.gather(sleeper, waiter, return_exceptions=True)
