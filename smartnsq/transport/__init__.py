@@ -1,0 +1,1 @@
+"""asyncio transport: connections to nsqd and the nsqlookupd lookup manager (over httpx)."""

@@ -1,0 +1,692 @@
+"""The lookup manager: where topics live, kept fresh from every nsqlookupd (PROTOCOL.md 8).
+
+A *round* for one (topic, access):
+
+1. discovery: ``GET /listlookup`` on the known lookupds (shared by all topics, coalesced and
+   rate-limited); the known set is the seeds plus every ``NodeIP:HttpPort`` listed. A failure,
+   or a 404 from a classic lookupd, keeps the current set; seeds are never removed;
+2. ``GET /lookup?topic=T&access=r|w&metainfo=true`` on every healthy lookupd concurrently;
+3. merge (:func:`smartnsq.protocol.lookupd.merge_layouts`): union of the nodes, and for each
+   partition the leader most lookupds agree on, ties going to the answer received last.
+
+Both youzan SDKs ask a single lookupd per round; asking all of them and voting hides a lookupd
+whose registry lags behind a leader change.
+
+A lookupd that fails (transport error, timeout, a 5xx that is not an nsqlookupd answer, a body
+that does not parse) is skipped for an exponentially growing time (1 s doubling up to 60 s by
+default, on the injected clock); when every lookupd is being skipped they are all tried anyway.
+A success resets the backoff.
+
+Concurrent refreshes of the same (topic, access) share one round, and a refresh less than
+``refresh_min_interval`` after the previous round finished reuses that round's result. Tracked
+topics are refreshed in the background every ``poll_interval`` (± ``poll_jitter``), and
+:meth:`LookupManager.watch` callbacks see every layout that differs from the previous one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from urllib.parse import urlsplit
+
+import httpx
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_fixed
+
+from smartnsq.errors import (
+    ClientClosedError,
+    LookupFailedError,
+    NSQError,
+    ProtocolError,
+    TopicHasNoChannelError,
+    TopicNotFoundError,
+    ValidationError,
+)
+from smartnsq.protocol.lookupd import (
+    ACCEPT_V1,
+    Access,
+    LookupdHTTPError,
+    LookupdNode,
+    TopicLayout,
+    merge_layouts,
+    parse_listlookup,
+    parse_lookup,
+    unwrap_response,
+)
+from smartnsq.protocol.validation import check_topic
+
+__all__ = [
+    "DEFAULT_LOOKUPD_PORT",
+    "DEFAULT_TIMEOUT",
+    "LookupManager",
+    "WatchCallback",
+]
+
+DEFAULT_LOOKUPD_PORT = 4161
+DEFAULT_TIMEOUT = httpx.Timeout(5.0, connect=2.0)
+
+WatchCallback = Callable[[TopicLayout], Awaitable[None] | None]
+Sleep = Callable[[float], Awaitable[object]]
+_Key = tuple[str, Access]
+
+# What a lookupd that is down or broken raises; anything else is a bug and propagates.
+_FAILURES = (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError, ProtocolError, OSError)
+
+
+def _join_host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _normalize_seed(seed: object) -> tuple[str, str]:
+    """``"host:port"`` or ``"http(s)://host:port"`` -> (address, base URL)."""
+    if not isinstance(seed, str) or not seed.strip():
+        raise ValidationError("seeds", f"each seed must be a non-empty str, not {seed!r}")
+    text = seed.strip()
+    if "://" not in text:
+        text = f"http://{text}"
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https"):
+        raise ValidationError("seeds", f"{seed!r}: the scheme must be http or https")
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+        raise ValidationError("seeds", f"{seed!r}: expected host:port or http://host:port")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ValidationError("seeds", f"{seed!r}: invalid port") from exc
+    host = parts.hostname
+    if not host:
+        raise ValidationError("seeds", f"{seed!r}: missing host")
+    if port == 0:
+        raise ValidationError("seeds", f"{seed!r}: port must be 1..65535")
+    address = _join_host_port(host, port or DEFAULT_LOOKUPD_PORT)
+    return address, f"{parts.scheme}://{address}"
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _is_retriable(exc: BaseException) -> bool:
+    # Transport errors and 5xx answers that are not nsqlookupd's (see _get_once).
+    return isinstance(exc, (httpx.TransportError, httpx.HTTPStatusError))
+
+
+def _check_access(access: object) -> Access:
+    if access == "r":
+        return "r"
+    if access == "w":
+        return "w"
+    raise ValidationError("access", f"must be 'r' or 'w', not {access!r}")
+
+
+def _retrieve(task: asyncio.Task[object]) -> None:
+    """Mark a shared task's exception as retrieved (every caller may have gone away)."""
+    if not task.cancelled():
+        task.exception()
+
+
+@dataclass(eq=False)
+class _Lookupd:
+    address: str
+    base_url: str
+    seed: bool
+    failures: int = 0
+    retry_at: float = 0.0
+    last_error: str = ""
+
+
+@dataclass(eq=False)
+class _Watcher:
+    callback: WatchCallback
+
+
+@dataclass
+class _Answer:
+    """One lookupd's answer in a round; ``seq`` orders answers by arrival."""
+
+    lookupd: str
+    layout: TopicLayout | None = None
+    error: LookupdHTTPError | None = None
+    failure: str = ""
+    seq: int = 0
+
+
+class LookupManager:
+    """Finds and tracks topic layouts through every reachable nsqlookupd.
+
+    ``seeds``: nsqlookupd HTTP addresses, ``"host:port"`` (port 4161 when omitted) or
+    ``"http://host:port"``. ``timeout``: per request (default: connect 2 s, 5 s otherwise).
+    ``http_client``: an httpx client to use instead of the manager's own (the caller closes it);
+    ``transport``: an httpx transport for the manager's own client. ``clock``, ``rand`` and
+    ``sleep`` drive backoff, jitter and polling, so tests can control time.
+
+    Bound to the event loop lazily: nothing loop-bound is created before the first call.
+    """
+
+    def __init__(
+        self,
+        seeds: Sequence[str],
+        *,
+        timeout: httpx.Timeout | float | None = DEFAULT_TIMEOUT,
+        poll_interval: float = 60.0,
+        poll_jitter: float = 0.3,
+        refresh_min_interval: float = 0.25,
+        backoff_base: float = 1.0,
+        backoff_max: float = 60.0,
+        http_attempts: int = 2,
+        http_retry_wait: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+        rand: Callable[[], float] = random.random,
+        sleep: Sleep = asyncio.sleep,
+        http_client: httpx.AsyncClient | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        if isinstance(seeds, str) or not isinstance(seeds, Sequence):
+            raise ValidationError("seeds", "must be a sequence of addresses (a list, not a str)")
+        if not seeds:
+            raise ValidationError("seeds", "at least one nsqlookupd address is required")
+        _positive("poll_interval", poll_interval)
+        if not 0 <= poll_jitter < 1:
+            raise ValidationError("poll_jitter", "must be in [0, 1)")
+        _non_negative("refresh_min_interval", refresh_min_interval)
+        _positive("backoff_base", backoff_base)
+        _positive("backoff_max", backoff_max)
+        _non_negative("http_retry_wait", http_retry_wait)
+        if type(http_attempts) is not int or http_attempts < 1:
+            raise ValidationError("http_attempts", "must be an int >= 1")
+        if http_client is not None and transport is not None:
+            raise ValidationError("transport", "give either http_client or transport, not both")
+
+        self._lookupds: dict[str, _Lookupd] = {}
+        for seed in seeds:
+            address, base_url = _normalize_seed(seed)
+            self._lookupds.setdefault(address, _Lookupd(address, base_url, seed=True))
+
+        self._timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+        self._poll_interval = float(poll_interval)
+        self._poll_jitter = float(poll_jitter)
+        self._refresh_min_interval = float(refresh_min_interval)
+        self._backoff_base = float(backoff_base)
+        self._backoff_max = float(backoff_max)
+        self._http_attempts = http_attempts
+        self._http_retry_wait = float(http_retry_wait)
+        self._clock = clock
+        self._rand = rand
+        self._sleep = sleep
+        self._client = http_client
+        self._owns_client = http_client is None
+        self._transport = transport
+        self._logger = logger if logger is not None else logging.getLogger("smartnsq.lookup")
+
+        self._cache: dict[_Key, TopicLayout] = {}
+        self._topic_errors: dict[_Key, NSQError] = {}
+        self._round_end: dict[_Key, float] = {}
+        self._inflight: dict[_Key, asyncio.Task[TopicLayout]] = {}
+        self._tracked: dict[_Key, float] = {}  # key -> when its next periodic refresh is due
+        self._watchers: dict[_Key, list[_Watcher]] = {}
+        self._discovery: asyncio.Task[None] | None = None
+        self._discovery_end: float | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._poll_deadline = float("-inf")  # when the sleeping poller wakes up by itself
+        self._seq = itertools.count(1)
+        self._closed = False
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def lookupd_addresses(self) -> tuple[str, ...]:
+        """Every known nsqlookupd (seeds first, then discovered), as ``host:port``."""
+        return tuple(self._lookupds)
+
+    async def lookup(self, topic: str, access: Access = "r") -> TopicLayout:
+        """The layout of ``topic``: the cached one if known, otherwise one refresh round.
+
+        Raises TopicNotFoundError, TopicHasNoChannelError (write lookups of a topic without a
+        channel) or LookupFailedError (no lookupd answered and nothing is cached).
+        """
+        key = self._key(topic, access)
+        self._track(key)
+        self._start_poller()
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        return await self._refresh(key)
+
+    async def refresh(self, topic: str, access: Access = "r") -> TopicLayout:
+        """Ask the lookupds again (coalesced with a round in flight, rate-limited).
+
+        When no lookupd answers and a layout is cached, the cached layout is returned (and a
+        warning logged); LookupFailedError is raised only when nothing is cached.
+        """
+        key = self._key(topic, access)
+        self._track(key)
+        self._start_poller()
+        return await self._refresh(key)
+
+    def watch(self, topic: str, access: Access, callback: WatchCallback) -> Callable[[], None]:
+        """Call ``callback(layout)`` (sync or async) whenever a refresh, periodic or forced,
+        produces a layout different from the previous one. Returns the function that stops it.
+
+        Callbacks run inside the refresh round, in registration order; keep them short.
+        Exceptions they raise are logged and ignored. The first call comes with the first
+        layout obtained after ``watch`` if none was cached, or with the first change.
+        """
+        key = self._key(topic, access)
+        watcher = _Watcher(callback)
+        self._watchers.setdefault(key, []).append(watcher)
+        if key not in self._tracked:
+            # Nothing known yet: due at once, so the poller fetches it without waiting.
+            self._schedule(key, self._clock() if key not in self._cache else self._next_due())
+        self._start_poller()
+
+        def unwatch() -> None:
+            watchers = self._watchers.get(key)
+            if watchers is not None and watcher in watchers:
+                watchers.remove(watcher)
+                if not watchers:
+                    del self._watchers[key]
+
+        return unwatch
+
+    async def poll_once(self) -> int:
+        """Refresh every tracked (topic, access) whose periodic refresh is due; return how
+        many were. The background poller calls this; it is public for embedding and tests."""
+        self._check_open()
+        now = self._clock()
+        due = [key for key, when in self._tracked.items() if when <= now]
+        for key in due:
+            # A placeholder in case the refresh is rate-limited; a round reschedules with jitter.
+            self._schedule(key, now + self._poll_interval)
+        if due:
+            await asyncio.gather(*(self._poll_key(key) for key in due))
+        return len(due)
+
+    async def close(self) -> None:
+        """Stop the background poller and in-flight rounds, close the manager's own HTTP
+        client. Idempotent; the manager cannot be used afterwards."""
+        if self._closed:
+            return
+        self._closed = True
+        current = asyncio.current_task()
+        tasks: list[asyncio.Task[object]] = []
+        for task in (self._poller, self._discovery, *self._inflight.values()):
+            if task is not None and task is not current and not task.done():
+                task.cancel()
+                tasks.append(task)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._poller = None
+        self._discovery = None
+        self._inflight.clear()
+        self._watchers.clear()
+        self._tracked.clear()
+        client, self._client = self._client, None
+        if client is not None and self._owns_client:
+            await client.aclose()
+
+    async def __aenter__(self) -> LookupManager:
+        self._check_open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ rounds
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosedError("the LookupManager is closed")
+
+    def _key(self, topic: str, access: object) -> _Key:
+        self._check_open()
+        return check_topic(topic), _check_access(access)
+
+    def _interval(self) -> float:
+        jitter = self._poll_jitter * (2.0 * self._rand() - 1.0)
+        return self._poll_interval * (1.0 + jitter)
+
+    def _next_due(self) -> float:
+        return self._clock() + self._interval()
+
+    def _track(self, key: _Key) -> None:
+        if key not in self._tracked:
+            # A placeholder: the round that follows reschedules from its own end.
+            self._schedule(key, self._clock() + self._poll_interval)
+
+    def _schedule(self, key: _Key, when: float) -> None:
+        """Set when ``key`` is next refreshed; wake the poller if that is before its alarm."""
+        self._tracked[key] = when
+        if self._wake is not None and when < self._poll_deadline:
+            self._wake.set()
+
+    async def _refresh(self, key: _Key) -> TopicLayout:
+        task = self._inflight.get(key)
+        if task is None:
+            end = self._round_end.get(key)
+            if end is not None and self._clock() - end < self._refresh_min_interval:
+                cached = self._cache.get(key)
+                if cached is not None:
+                    return cached
+                error = self._topic_errors.get(key)
+                if error is not None:
+                    raise error.with_traceback(None)
+            task = asyncio.get_running_loop().create_task(
+                self._round(key), name=f"smartnsq-lookup-{key[0]}-{key[1]}"
+            )
+            task.add_done_callback(_retrieve)
+            self._inflight[key] = task
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if self._closed and task.cancelled():
+                raise ClientClosedError("the LookupManager was closed during the lookup") from None
+            raise
+
+    async def _round(self, key: _Key) -> TopicLayout:
+        topic, access = key
+        self._topic_errors.pop(key, None)  # remembered for one round only
+        try:
+            layout = await self._query(topic, access)
+        except (TopicNotFoundError, TopicHasNoChannelError) as exc:
+            # A definitive answer: forget the old layout so lookup() asks again next time.
+            self._cache.pop(key, None)
+            self._topic_errors[key] = exc
+            raise
+        except LookupFailedError as exc:
+            cached = self._cache.get(key)
+            if cached is None:
+                raise
+            self._logger.warning("%s; serving the cached layout of %r (access=%s)", exc, *key)
+            return cached
+        finally:
+            if self._inflight.get(key) is asyncio.current_task():
+                del self._inflight[key]
+            self._round_end[key] = self._clock()
+            if key in self._tracked:
+                self._schedule(key, self._next_due())
+        previous = self._cache.get(key)
+        self._cache[key] = layout
+        if layout != previous:
+            self._logger.debug(
+                "layout of %r (access=%s) changed: %s", topic, access, _summary(layout)
+            )
+            await self._notify(key, layout)
+        return layout
+
+    async def _query(self, topic: str, access: Access) -> TopicLayout:
+        await self._discover()
+        targets = self._pick()
+        self._logger.debug(
+            "lookup of %r (access=%s) on %s", topic, access, ", ".join(t.address for t in targets)
+        )
+        answers = await asyncio.gather(*(self._lookup_one(t, topic, access) for t in targets))
+        layouts = sorted((a for a in answers if a.layout is not None), key=lambda a: a.seq)
+        if layouts:
+            return merge_layouts(topic, access, [a.layout for a in layouts if a.layout is not None])
+        errors = [a.error for a in answers if a.error is not None]
+        if any(e.topic_has_no_channel for e in errors):
+            raise TopicHasNoChannelError(topic)
+        for error in errors:
+            if error.topic_not_found:
+                raise error.to_exception(topic)
+        details = "; ".join(
+            [f"{a.lookupd}: {a.error or a.failure}" for a in answers]
+            + [
+                f"{lookupd.address}: not asked, backing off after {lookupd.last_error}"
+                for lookupd in self._lookupds.values()
+                if lookupd not in targets
+            ]
+        )
+        raise LookupFailedError(
+            f"no nsqlookupd answered the lookup of topic {topic!r} (access={access}): {details}"
+        )
+
+    async def _lookup_one(self, lookupd: _Lookupd, topic: str, access: Access) -> _Answer:
+        params = {"topic": topic, "access": access, "metainfo": "true"}
+        try:
+            payload = await self._get(lookupd, "/lookup", params)
+            if isinstance(payload, LookupdHTTPError):
+                self._mark_ok(lookupd)
+                self._logger.debug("nsqlookupd %s: %s", lookupd.address, payload)
+                return _Answer(lookupd.address, error=payload)
+            layout = parse_lookup(topic, access, payload)
+        except _FAILURES as exc:
+            self._mark_failed(lookupd, exc)
+            return _Answer(lookupd.address, failure=_describe(exc))
+        self._mark_ok(lookupd)
+        return _Answer(lookupd.address, layout=layout, seq=next(self._seq))
+
+    # ------------------------------------------------------------------ discovery
+
+    async def _discover(self) -> None:
+        task = self._discovery
+        if task is None or task.done():
+            end = self._discovery_end
+            if end is not None and self._clock() - end < self._refresh_min_interval:
+                return
+            task = asyncio.get_running_loop().create_task(
+                self._discover_round(), name="smartnsq-lookup-discovery"
+            )
+            self._discovery = task
+        await asyncio.shield(task)
+
+    async def _discover_round(self) -> None:
+        try:
+            targets = self._pick()
+            results = await asyncio.gather(*(self._listlookup(t) for t in targets))
+        finally:
+            self._discovery_end = self._clock()
+        answered = [nodes for nodes in results if nodes is not None]
+        if not answered:
+            return
+        discovered = {node.http_address: node for nodes in answered for node in nodes}
+        known = {
+            address: lookupd
+            for address, lookupd in self._lookupds.items()
+            if lookupd.seed or address in discovered
+        }
+        for address in discovered:
+            if address not in known:
+                known[address] = _Lookupd(address, f"http://{address}", seed=False)
+        if list(known) != list(self._lookupds):
+            self._logger.debug("nsqlookupds: %s", ", ".join(known))
+        self._lookupds = known
+
+    async def _listlookup(self, lookupd: _Lookupd) -> tuple[LookupdNode, ...] | None:
+        """The lookupds ``lookupd`` lists, or None when it cannot tell (failure, old lookupd)."""
+        try:
+            payload = await self._get(lookupd, "/listlookup", None, tolerate_404=True)
+            if isinstance(payload, LookupdHTTPError):
+                # A classic nsqlookupd has no /listlookup (404); keep what we know.
+                self._mark_ok(lookupd)
+                self._logger.debug("nsqlookupd %s: no /listlookup (%s)", lookupd.address, payload)
+                return None
+            _, nodes = parse_listlookup(payload)
+        except _FAILURES as exc:
+            self._mark_failed(lookupd, exc)
+            return None
+        self._mark_ok(lookupd)
+        return nodes
+
+    # ------------------------------------------------------------------ health
+
+    def _pick(self) -> list[_Lookupd]:
+        """The lookupds to ask now: the healthy ones, or all when none is."""
+        now = self._clock()
+        every = list(self._lookupds.values())
+        healthy = [lookupd for lookupd in every if lookupd.retry_at <= now]
+        return healthy or every
+
+    def _mark_ok(self, lookupd: _Lookupd) -> None:
+        if lookupd.failures:
+            self._logger.info("nsqlookupd %s is answering again", lookupd.address)
+        lookupd.failures = 0
+        lookupd.retry_at = 0.0
+        lookupd.last_error = ""
+
+    def _mark_failed(self, lookupd: _Lookupd, exc: BaseException) -> None:
+        lookupd.last_error = _describe(exc)
+        now = self._clock()
+        if lookupd.retry_at > now:
+            # Tried early because every lookupd was down-ranked: keep the current backoff.
+            self._logger.warning(
+                "nsqlookupd %s failed again: %s", lookupd.address, lookupd.last_error
+            )
+            return
+        lookupd.failures += 1
+        delay = min(self._backoff_max, self._backoff_base * 2.0 ** (lookupd.failures - 1))
+        lookupd.retry_at = now + delay
+        self._logger.warning(
+            "nsqlookupd %s failed (%s); skipping it for %.1f s",
+            lookupd.address,
+            lookupd.last_error,
+            delay,
+        )
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self._timeout, transport=self._transport)
+        return self._client
+
+    async def _get(
+        self,
+        lookupd: _Lookupd,
+        path: str,
+        params: dict[str, str] | None,
+        *,
+        tolerate_404: bool = False,
+    ) -> object:
+        """One request with tenacity's retry: the payload or a LookupdHTTPError; raises one of
+        ``_FAILURES`` when the lookupd is down or its answer is not nsqlookupd's."""
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self._http_attempts),
+            wait=wait_fixed(self._http_retry_wait),
+            retry=retry_if_exception(_is_retriable),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await self._get_once(lookupd, path, params, tolerate_404)
+        raise RuntimeError("unreachable: tenacity re-raises the last error")  # pragma: no cover
+
+    async def _get_once(
+        self,
+        lookupd: _Lookupd,
+        path: str,
+        params: dict[str, str] | None,
+        tolerate_404: bool,
+    ) -> object:
+        response = await self._http().get(
+            lookupd.base_url + path,
+            params=params,
+            headers={"Accept": ACCEPT_V1},
+            timeout=self._timeout,
+        )
+        status = response.status_code
+        try:
+            return unwrap_response(status, response.headers, response.content)
+        except ProtocolError:
+            if status >= 500:
+                response.raise_for_status()  # not nsqlookupd talking: retried, then a failure
+            if status == 404 and tolerate_404:
+                return LookupdHTTPError(404, response.text[:100].strip() or "not found")
+            raise
+
+    # ------------------------------------------------------------------ polling
+
+    def _start_poller(self) -> None:
+        if self._closed or (self._poller is not None and not self._poller.done()):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # watch() outside a loop: the poller starts with the first lookup
+        self._poller = loop.create_task(self._poll_loop(), name="smartnsq-lookup-poller")
+
+    async def _poll_loop(self) -> None:
+        wake = self._wake = asyncio.Event()
+        while not self._closed:
+            try:
+                await self.poll_once()
+            except ClientClosedError:
+                return
+            except Exception:
+                self._logger.exception("lookup poller: unexpected error")
+            await self._idle(wake, self._poll_delay())
+
+    def _poll_delay(self) -> float:
+        if not self._tracked:
+            return self._poll_interval
+        return max(0.0, min(self._tracked.values()) - self._clock())
+
+    async def _idle(self, wake: asyncio.Event, delay: float) -> None:
+        """Sleep ``delay`` with the injected sleep, or less if something becomes due earlier
+        (see :meth:`_schedule`)."""
+        self._poll_deadline = self._clock() + delay
+        sleeper = asyncio.ensure_future(self._sleep(delay))
+        waiter = asyncio.ensure_future(wake.wait())
+        try:
+            await asyncio.wait({sleeper, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._poll_deadline = float("-inf")
+            sleeper.cancel()
+            waiter.cancel()
+            await asyncio.gather(sleeper, waiter, return_exceptions=True)
+            wake.clear()
+
+    async def _poll_key(self, key: _Key) -> None:
+        try:
+            await self._refresh(key)
+        except ClientClosedError:
+            pass
+        except NSQError as exc:
+            self._logger.warning("periodic lookup of %r (access=%s): %s", key[0], key[1], exc)
+
+    async def _notify(self, key: _Key, layout: TopicLayout) -> None:
+        for watcher in list(self._watchers.get(key, ())):
+            try:
+                result = watcher.callback(layout)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                self._logger.exception(
+                    "lookup watcher %r of %r (access=%s) failed", watcher.callback, *key
+                )
+
+
+def _summary(layout: TopicLayout) -> str:
+    parts = [f"p{pid}={node.tcp_address}" for pid, node in layout.partitions.items()]
+    parts += [f"classic={node.tcp_address}" for node in layout.classic_nodes]
+    if layout.meta is not None:
+        parts.append(f"partition_num={layout.meta.partition_num}")
+    return " ".join(parts) or "empty"
+
+
+def _positive(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValidationError(name, f"must be a number > 0, not {value!r}")
+
+
+def _non_negative(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValidationError(name, f"must be a number >= 0, not {value!r}")
