@@ -37,13 +37,14 @@ class ClusterError(RuntimeError):
 class Cluster:
     """An in-process NSQ cluster on 127.0.0.1 with OS-chosen ports.
 
-    ``Cluster(nodes=3)`` emulates a youzan HA cluster (nodes are numbered from 0);
-    ``Cluster(classic=True)`` a classic nsqd (``nodes`` of them) with a classic nsqlookupd.
+    ``Cluster(nodes=3)`` emulates a youzan HA cluster (nodes are numbered from 0; 3 by
+    default); ``Cluster(classic=True)`` a classic nsqd (1 by default) with a classic
+    nsqlookupd.
     """
 
     def __init__(
         self,
-        nodes: int = 3,
+        nodes: int | None = None,
         *,
         classic: bool = False,
         lookupds: int = 1,
@@ -61,6 +62,8 @@ class Cluster:
         host: str = "127.0.0.1",
         sweep_interval: float = 0.02,
     ) -> None:
+        if nodes is None:
+            nodes = 1 if classic else 3
         if nodes < 1:
             raise ValidationError("nodes", "must be >= 1")
         if lookupds < 1:

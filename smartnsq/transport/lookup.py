@@ -301,6 +301,21 @@ class LookupManager:
 
         return unwatch
 
+    async def discover(self) -> tuple[str, ...]:
+        """Ask the lookupds for each other (``/listlookup``) and return the known addresses.
+
+        Raises :class:`LookupFailedError` when no lookupd answers: how a client's
+        ``start()`` proves that lookups can work before any topic is named.
+        """
+        self._check_open()
+        await self._discover()
+        if all(lookupd.failures for lookupd in self._lookupds.values()):
+            details = "; ".join(
+                f"{lookupd.address}: {lookupd.last_error}" for lookupd in self._lookupds.values()
+            )
+            raise LookupFailedError(f"no nsqlookupd answered: {details}")
+        return self.lookupd_addresses
+
     async def poll_once(self) -> int:
         """Refresh every tracked (topic, access) whose periodic refresh is due; return how
         many were. The background poller calls this; it is public for embedding and tests."""

@@ -1,0 +1,593 @@
+"""The Producer: publishes to youzan partitions (explicit, sharding key or round-robin) or to
+classic nsqd, with trace receipts, ext headers and retry on leader changes.
+
+It composes the floors below: the lookup manager says where partitions live, the pool holds a
+connection per (nsqd, topic, partition), the sharder maps keys to partitions, and the retry
+policy (``smartnsq.retry``) decides what to try again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
+
+from smartnsq.errors import (
+    ClientClosedError,
+    NoWritablePartitionError,
+    NSQError,
+    PublishError,
+    UnsupportedFeatureError,
+    ValidationError,
+)
+from smartnsq.protocol import commands
+from smartnsq.protocol.lookupd import TopicLayout
+from smartnsq.protocol.responses import OK, TraceReceipt
+from smartnsq.protocol.validation import (
+    MAX_BODY_SIZE,
+    MAX_DPUB_DELAY_MS,
+    MAX_MSG_SIZE,
+    check_bodies,
+    check_body,
+    check_partition,
+    check_topic,
+    check_trace_id,
+    encode_ext,
+)
+from smartnsq.retry import Backoff, is_retriable, needs_lookup_refresh
+from smartnsq.routing.sharding import Sharder, ShardingStrategy
+from smartnsq.transport.connection import (
+    Compression,
+    Connection,
+    ConnectionConfig,
+    parse_address,
+)
+from smartnsq.transport.lookup import LookupManager
+from smartnsq.transport.pool import ConnectionPool
+
+__all__ = ["Producer", "PublishResult"]
+
+log = logging.getLogger("smartnsq.producer")
+
+# Classic connections carry every topic; youzan ones are per (topic, partition).
+_ANY_TOPIC = "*"
+_NO_KEY: Any = object()
+# On-disk size of a youzan message beyond its body (length + header), for batch offsets.
+_DISK_OVERHEAD = 4 + 26
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    """What nsqd accepted. ``internal_id``, ``trace_id``, ``offset`` and ``size`` come from
+    a trace receipt (traced publishes on youzan) and are None otherwise."""
+
+    topic: str
+    partition: int | None
+    address: str
+    internal_id: int | None = None
+    trace_id: int | None = None
+    offset: int | None = None
+    size: int | None = None
+    tries: int = 1
+
+
+@dataclass(eq=False)
+class _Publish:
+    """One logical publish (a message or an MPUB batch) across its tries."""
+
+    topic: str
+    command: str
+    bodies: list[bytes]
+    partition: int | None = None
+    key: Any = _NO_KEY
+    trace_ids: list[int] | None = None
+    exts: list[bytes | None] | None = None
+    delay_ms: int | None = None
+    avoid: set[int] = field(default_factory=set)
+    # A keyed publish keeps the partition of its first routing, whatever happens.
+    pinned: int | None = None
+    last_partition: int | None = None
+
+    @property
+    def batch(self) -> bool:
+        return self.command.startswith("M")
+
+    @property
+    def movable(self) -> bool:
+        return self.partition is None and self.key is _NO_KEY
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    address: str
+    partition: int | None
+    youzan: bool
+    ext_topic: bool
+    pool_topic: str
+
+
+class Producer:
+    """Publishes to NSQ. Give exactly one of ``lookupd`` (nsqlookupd HTTP addresses; youzan
+    or classic) or ``nsqd`` (classic nsqd TCP addresses).
+
+    ``publish_timeout`` bounds a publish including its retries; the default rides out a real
+    youzan leader failover (20-30 s after a crash). Durations are in seconds.
+    """
+
+    def __init__(
+        self,
+        *,
+        lookupd: Sequence[str] | None = None,
+        nsqd: Sequence[str] | None = None,
+        sharding: ShardingStrategy = "java",
+        publish_timeout: float = 40.0,
+        max_retries: int = 60,
+        retry_backoff: Backoff | None = None,
+        connections_per_partition: int = 1,
+        connect_timeout: float = 5.0,
+        request_timeout: float = 10.0,
+        heartbeat_interval: float = 30.0,
+        tls: Any = False,
+        compression: Compression = None,
+        deflate_level: int = 6,
+        auth_secret: str | bytes | None = None,
+        client_id: str | None = None,
+        user_agent: str | None = None,
+        lookupd_poll_interval: float = 60.0,
+        max_msg_size: int = MAX_MSG_SIZE,
+        max_body_size: int = MAX_BODY_SIZE,
+        lookup_manager: LookupManager | None = None,
+    ) -> None:
+        if (lookupd is None) == (nsqd is None) and lookup_manager is None:
+            raise ValidationError("lookupd", "give exactly one of lookupd=[...] or nsqd=[...]")
+        if isinstance(lookupd, str) or isinstance(nsqd, str):
+            raise ValidationError("lookupd", "lookupd and nsqd take lists of addresses")
+        if nsqd is not None and not list(nsqd):
+            raise ValidationError("nsqd", "needs at least one address")
+        if not publish_timeout > 0:
+            raise ValidationError("publish_timeout", "must be > 0 seconds")
+        if type(max_retries) is not int or max_retries < 0:
+            raise ValidationError("max_retries", "must be an int >= 0")
+        self.publish_timeout = float(publish_timeout)
+        self.max_retries = max_retries
+        self.retry_backoff = retry_backoff or Backoff()
+        self.max_msg_size = max_msg_size
+        self.max_body_size = max_body_size
+        self.sharder = Sharder(sharding)
+        extra: dict[str, Any] = {}
+        if client_id is not None:
+            extra["client_id"] = client_id
+        if user_agent is not None:
+            extra["user_agent"] = user_agent
+        self.connection_config = ConnectionConfig(
+            heartbeat_interval=heartbeat_interval,
+            tls=tls,
+            compression=compression,
+            deflate_level=deflate_level,
+            auth_secret=auth_secret,
+            connect_timeout=connect_timeout,
+            request_timeout=request_timeout,
+            **extra,
+        )
+        self._nsqd = [_check_nsqd_address(a) for a in nsqd] if nsqd is not None else []
+        self._owns_lookup = lookup_manager is None and lookupd is not None
+        self._lookup = lookup_manager or (
+            LookupManager(list(lookupd), poll_interval=lookupd_poll_interval)
+            if lookupd is not None
+            else None
+        )
+        self._pool = ConnectionPool(
+            self.connection_config, connections_per_key=connections_per_partition
+        )
+        self._rr: dict[str, itertools.count[int]] = {}
+        self._state = "new"  # new -> starting -> started -> closed
+        self._start_lock: asyncio.Lock | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> Producer:
+        """Return once publishing can succeed: a lookupd answers, or (direct mode) at least
+        one nsqd accepted a connection. Raises after ``connect_timeout`` otherwise."""
+        if self._state == "closed":
+            raise ClientClosedError("this Producer is closed; create a new one")
+        if self._state == "started":
+            return self
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self._state == "started":
+                return self
+            self._state = "starting"
+            try:
+                await asyncio.wait_for(self._warm_up(), self.connection_config.connect_timeout)
+            except BaseException:
+                self._state = "new"
+                raise
+            self._state = "started"
+        return self
+
+    async def _warm_up(self) -> None:
+        if self._lookup is not None:
+            await self._lookup.discover()
+            return
+        results = await asyncio.gather(
+            *(self._pool.get(address, _ANY_TOPIC, None) for address in self._nsqd),
+            return_exceptions=True,
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if len(errors) == len(results):
+            raise errors[0]
+        for address, result in zip(self._nsqd, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("nsqd %s is not reachable yet: %s", address, result)
+
+    async def close(self) -> None:
+        """Close every connection (in-flight publishes fail). The producer is not reusable."""
+        if self._state == "closed":
+            return
+        self._state = "closed"
+        await self._pool.close()
+        if self._lookup is not None and self._owns_lookup:
+            await self._lookup.close()
+
+    async def __aenter__(self) -> Producer:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_state", "closed") == "started":
+            warnings.warn(f"unclosed {self!r}", ResourceWarning, source=self, stacklevel=2)
+
+    def __repr__(self) -> str:
+        target = f"nsqd={self._nsqd}" if self._nsqd else "lookupd"
+        return f"<Producer {target} {self._state}>"
+
+    # ------------------------------------------------------------------ API
+
+    async def publish(
+        self,
+        topic: str,
+        body: bytes | str,
+        *,
+        partition: int | None = None,
+        sharding_key: Any = None,
+        trace_id: int | None = None,
+        ext: Mapping[str, Any] | None = None,
+        delay: float | None = None,
+        timeout: float | None = None,
+    ) -> PublishResult:
+        """Publish one message; return what nsqd accepted or raise.
+
+        ``partition`` and ``sharding_key`` are exclusive; ``trace_id`` uses PUB_TRACE (the
+        result carries the receipt); ``ext`` uses PUB_EXT (ext topics only); ``delay``
+        (seconds) uses DPUB (classic nsqd only). Bad input raises before anything is sent;
+        a failed publish raises :class:`PublishError` (retries exhausted) or the server's
+        typed error (not retriable).
+        """
+        check_topic(topic)
+        data = check_body(body, self.max_msg_size)
+        request = _Publish(topic, "PUB", [data])
+        self._common_args(request, partition, sharding_key)
+        if trace_id is not None:
+            request.trace_ids = [check_trace_id(trace_id)]
+            request.command = "PUB_TRACE"
+        if ext is not None:
+            request.exts = [encode_ext(ext)]
+            request.command = "PUB_EXT"
+        if delay is not None:
+            if trace_id is not None or ext is not None:
+                raise UnsupportedFeatureError("delay cannot be combined with trace_id or ext")
+            request.delay_ms = _delay_ms(delay)
+            request.command = "DPUB"
+        results = await self._run(request, timeout)
+        return results[0]
+
+    async def publish_many(
+        self,
+        topic: str,
+        bodies: Iterable[bytes | str],
+        *,
+        partition: int | None = None,
+        sharding_key: Any = None,
+        trace: bool = False,
+        trace_ids: Sequence[int] | None = None,
+        exts: Sequence[Mapping[str, Any] | None] | None = None,
+        timeout: float | None = None,
+    ) -> list[PublishResult]:
+        """Publish a batch atomically to one partition (MPUB; MPUB_TRACE with ``trace`` or
+        ``trace_ids``; MPUB_EXT with ``exts``). One result per message."""
+        check_topic(topic)
+        data = check_bodies(list(bodies), self.max_msg_size, self.max_body_size)
+        request = _Publish(topic, "MPUB", data)
+        self._common_args(request, partition, sharding_key)
+        if trace or trace_ids is not None:
+            ids = list(trace_ids) if trace_ids is not None else _new_trace_ids(len(data))
+            if len(ids) != len(data):
+                raise ValidationError("trace_ids", f"{len(ids)} trace ids for {len(data)} bodies")
+            request.trace_ids = [check_trace_id(t) for t in ids]
+            request.command = "MPUB_TRACE"
+        if exts is not None:
+            if request.trace_ids is not None:
+                raise UnsupportedFeatureError("MPUB cannot carry both trace ids and ext headers")
+            if len(exts) != len(data):
+                raise ValidationError("exts", f"{len(exts)} ext headers for {len(data)} bodies")
+            request.exts = [None if e is None else encode_ext(e) for e in exts]
+            request.command = "MPUB_EXT"
+        return await self._run(request, timeout)
+
+    def _common_args(self, request: _Publish, partition: int | None, key: Any) -> None:
+        if partition is not None and key is not None:
+            raise ValidationError("partition", "give a partition or a sharding_key, not both")
+        if partition is not None:
+            request.partition = check_partition(partition)
+        if key is not None:
+            self.sharder.partition_for(key, 1)  # validates the key type now, before routing
+            request.key = key
+
+    # ------------------------------------------------------------------ sending
+
+    async def _run(self, request: _Publish, timeout: float | None) -> list[PublishResult]:
+        if self._state != "started":
+            await self.start()
+        limit = self.publish_timeout if timeout is None else float(timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit
+        try:
+            return await self._attempt(request, 1, limit)
+        except Exception as exc:
+            if not is_retriable(exc) or self.max_retries == 0:
+                raise
+            first = exc
+        await self._after_failure(request, first)
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.max_retries),
+            wait=self._wait_for(request),
+            retry=retry_if_exception(is_retriable),
+            reraise=True,
+        )
+        tries = 1
+        last: BaseException = first
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    tries += 1
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        break
+                    try:
+                        return await asyncio.wait_for(
+                            self._attempt(request, tries, remaining), remaining
+                        )
+                    except asyncio.TimeoutError:
+                        break
+                    except Exception as exc:
+                        last = exc
+                        if is_retriable(exc):
+                            await self._after_failure(request, exc)
+                        raise
+        except Exception as exc:
+            if not is_retriable(exc):
+                raise
+            last = exc
+        raise PublishError(
+            f"publish to {request.topic!r} failed after {tries} tries: {last}",
+            topic=request.topic,
+            partition=request.partition if request.partition is not None else request.pinned,
+            tries=tries,
+        ) from last
+
+    def _wait_for(self, request: _Publish) -> Any:
+        backoff = self.retry_backoff
+
+        def wait(retry_state: Any) -> float:
+            # An unkeyed publish moves to another writable partition at once.
+            if request.movable and request.avoid and retry_state.attempt_number <= 1:
+                return 0.0
+            return backoff.delay(retry_state.attempt_number)
+
+        return wait
+
+    async def _after_failure(self, request: _Publish, exc: BaseException) -> None:
+        if request.movable and request.last_partition is not None:
+            request.avoid.add(request.last_partition)
+        if self._lookup is not None and needs_lookup_refresh(exc):
+            try:
+                await self._lookup.refresh(request.topic, "w")
+            except NSQError as refresh_error:
+                log.debug("lookup refresh for %s failed: %s", request.topic, refresh_error)
+        log.info("publish to %s failed (%s); retrying", request.topic, exc)
+
+    async def _attempt(self, request: _Publish, tries: int, timeout: float) -> list[PublishResult]:
+        route = await self._route(request)
+        request.last_partition = route.partition
+        conn = await self._pool.get(route.address, route.pool_topic, route.partition)
+        self._check_features(request, route, conn)
+        frame = await conn.request(
+            self._encode(request, route.partition),
+            request.command,
+            timeout=min(timeout, self.connection_config.request_timeout),
+        )
+        return self._results(request, route, frame, tries)
+
+    # ------------------------------------------------------------------ routing
+
+    async def _route(self, request: _Publish) -> _Route:
+        if self._lookup is None:
+            return self._route_classic(request, self._nsqd)
+        layout = await self._lookup.lookup(request.topic, "w")
+        if layout.is_classic:
+            return self._route_classic(request, [n.tcp_address for n in layout.classic_nodes])
+        return self._route_youzan(request, layout)
+
+    def _route_classic(self, request: _Publish, addresses: Sequence[str]) -> _Route:
+        if not addresses:
+            raise NoWritablePartitionError(f"no nsqd publishes topic {request.topic!r} yet")
+        if request.key is not _NO_KEY:
+            index = self.sharder.partition_for(request.key, len(addresses))
+        else:
+            index = next(self._counter(request.topic)) % len(addresses)
+        return _Route(addresses[index], request.partition, False, False, _ANY_TOPIC)
+
+    def _route_youzan(self, request: _Publish, layout: TopicLayout) -> _Route:
+        meta = layout.meta
+        ext_topic = bool(meta and meta.extend_support)
+        if request.command == "DPUB":
+            raise UnsupportedFeatureError(
+                "youzan nsqd has no deferred publish (DPUB); delay consumption with a requeue "
+                "delay instead"
+            )
+        if request.exts is not None and not ext_topic:
+            raise UnsupportedFeatureError(
+                f"topic {request.topic!r} is not an ext topic (created without extend=true); "
+                "it cannot carry ext headers"
+            )
+        partition_num = layout.partition_num
+        if request.partition is not None or request.key is not _NO_KEY:
+            if request.pinned is None:
+                if request.partition is not None:
+                    if partition_num and request.partition >= partition_num:
+                        raise ValidationError(
+                            "partition",
+                            f"topic {request.topic!r} has {partition_num} partitions, "
+                            f"got {request.partition}",
+                        )
+                    request.pinned = request.partition
+                else:
+                    if partition_num <= 0:
+                        raise NoWritablePartitionError(
+                            f"topic {request.topic!r}: partition count unknown"
+                        )
+                    request.pinned = self.sharder.partition_for(request.key, partition_num)
+            leader = layout.leader(request.pinned)
+            if leader is None:
+                raise NoWritablePartitionError(
+                    f"partition {request.pinned} of {request.topic!r} has no writable leader now"
+                )
+            return _Route(leader.tcp_address, request.pinned, True, ext_topic, request.topic)
+        ids = layout.partition_ids
+        candidates = [p for p in ids if p not in request.avoid] or list(ids)
+        if not candidates:
+            raise NoWritablePartitionError(f"topic {request.topic!r} has no writable partition")
+        chosen = candidates[next(self._counter(request.topic)) % len(candidates)]
+        leader = layout.leader(chosen)
+        if leader is None:  # pragma: no cover - partition_ids come from the same mapping
+            raise NoWritablePartitionError(f"partition {chosen} has no leader")
+        return _Route(leader.tcp_address, chosen, True, ext_topic, request.topic)
+
+    def _counter(self, topic: str) -> itertools.count[int]:
+        counter = self._rr.get(topic)
+        if counter is None:
+            # A random start spreads many producers' first messages over the partitions.
+            counter = self._rr[topic] = itertools.count(random.randrange(1 << 16))
+        return counter
+
+    def _check_features(self, request: _Publish, route: _Route, conn: Connection) -> None:
+        youzan = route.youzan or conn.youzan
+        if youzan and request.command == "DPUB":
+            raise UnsupportedFeatureError("youzan nsqd has no deferred publish (DPUB)")
+        if not youzan and request.command not in ("PUB", "MPUB", "DPUB"):
+            feature = "ext headers" if request.exts is not None else "trace ids"
+            raise UnsupportedFeatureError(f"classic nsqd {route.address} has no {feature}")
+        if not youzan and request.partition is not None:
+            raise UnsupportedFeatureError(f"classic nsqd {route.address} has no partitions")
+
+    # ------------------------------------------------------------------ wire
+
+    def _encode(self, request: _Publish, partition: int | None) -> bytes:
+        topic = request.topic
+        bodies = request.bodies
+        command = request.command
+        limits = {"max_msg_size": self.max_msg_size}
+        if command == "PUB":
+            return commands.pub(topic, bodies[0], partition, **limits)
+        if command == "PUB_TRACE" and request.trace_ids is not None:
+            return commands.pub_trace(topic, bodies[0], request.trace_ids[0], partition, **limits)
+        if command == "PUB_EXT" and request.exts is not None:
+            ext = request.exts[0]
+            return commands.pub_ext(topic, bodies[0], ext or b"{}", partition, **limits)
+        if command == "DPUB" and request.delay_ms is not None:
+            return commands.dpub(topic, bodies[0], request.delay_ms, **limits)
+        batch_limits = {**limits, "max_body_size": self.max_body_size}
+        if command == "MPUB":
+            return commands.mpub(topic, bodies, partition, **batch_limits)
+        if command == "MPUB_TRACE" and request.trace_ids is not None:
+            return commands.mpub_trace(topic, bodies, request.trace_ids, partition, **batch_limits)
+        if command == "MPUB_EXT" and request.exts is not None:
+            return commands.mpub_ext(topic, bodies, request.exts, partition, **batch_limits)
+        raise ValidationError("command", f"cannot encode {command}")  # pragma: no cover
+
+    def _results(
+        self, request: _Publish, route: _Route, frame: bytes, tries: int
+    ) -> list[PublishResult]:
+        topic, partition, address = request.topic, route.partition, route.address
+        if frame == OK:
+            return [PublishResult(topic, partition, address, tries=tries) for _ in request.bodies]
+        receipt = TraceReceipt.decode(frame)
+        if not request.batch:
+            return [
+                PublishResult(
+                    topic,
+                    partition,
+                    address,
+                    receipt.internal_id,
+                    receipt.trace_id,
+                    receipt.offset,
+                    receipt.size,
+                    tries,
+                )
+            ]
+        # MPUB_TRACE answers for the batch: the first id and offset, the total size. An
+        # atomic batch takes consecutive ids; offsets follow from each message's disk size.
+        sizes = [_DISK_OVERHEAD + (1 if route.ext_topic else 0) + len(b) for b in request.bodies]
+        exact = sum(sizes) == receipt.size
+        trace_ids = request.trace_ids or [0] * len(request.bodies)
+        results = []
+        offset = receipt.offset
+        for i, size in enumerate(sizes):
+            results.append(
+                PublishResult(
+                    topic,
+                    partition,
+                    address,
+                    receipt.internal_id + i,
+                    trace_ids[i],
+                    offset if exact or i == 0 else None,
+                    size if exact else None,
+                    tries,
+                )
+            )
+            offset += size
+        return results
+
+
+def _check_nsqd_address(address: str) -> str:
+    parse_address(address)
+    return address
+
+
+def _delay_ms(delay: float) -> int:
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0:
+        raise ValidationError("delay", f"must be seconds >= 0, got {delay!r}")
+    ms = round(delay * 1000)
+    if ms > MAX_DPUB_DELAY_MS:
+        raise ValidationError("delay", f"must be at most {MAX_DPUB_DELAY_MS // 1000} s")
+    return ms
+
+
+def _new_trace_ids(count: int) -> list[int]:
+    return [random.getrandbits(64) for _ in range(count)]

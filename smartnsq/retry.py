@@ -1,0 +1,66 @@
+"""Retry decisions shared by the clients: which failures are worth another try, which mean
+the cluster layout is stale, and the backoff between tries (built on tenacity)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from tenacity import RetryCallState
+
+from smartnsq.errors import (
+    ConnectionClosedError,
+    LookupFailedError,
+    NoWritablePartitionError,
+    NSQTimeoutError,
+    ServerError,
+    ValidationError,
+)
+
+__all__ = ["Backoff", "is_retriable", "needs_lookup_refresh"]
+
+_TRANSIENT = (ConnectionClosedError, NSQTimeoutError, NoWritablePartitionError, LookupFailedError)
+_STALE_LAYOUT = (ConnectionClosedError, NSQTimeoutError, NoWritablePartitionError)
+
+
+def is_retriable(exc: BaseException) -> bool:
+    """Leader changes, unwritable partitions, lost connections and timeouts pass; bad
+    input and misconfiguration do not."""
+    if isinstance(exc, ServerError):
+        return exc.retriable
+    return isinstance(exc, _TRANSIENT)
+
+
+def needs_lookup_refresh(exc: BaseException) -> bool:
+    """The failure suggests the client's view of the cluster is out of date."""
+    if isinstance(exc, ServerError):
+        return exc.refresh_lookup
+    return isinstance(exc, _STALE_LAYOUT)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with proportional jitter: ``initial * multiplier**n`` capped at
+    ``maximum``, each delay moved by up to ``jitter`` of itself. A tenacity ``wait``."""
+
+    initial: float = 0.05
+    maximum: float = 1.0
+    multiplier: float = 2.0
+    jitter: float = 0.2
+
+    def __post_init__(self) -> None:
+        if not 0 < self.initial <= self.maximum:
+            raise ValidationError("backoff", "need 0 < initial <= maximum")
+        if self.multiplier < 1:
+            raise ValidationError("backoff", "multiplier must be >= 1")
+        if not 0 <= self.jitter < 1:
+            raise ValidationError("backoff", "jitter must be in [0, 1)")
+
+    def delay(self, failures: int) -> float:
+        """The wait after ``failures`` consecutive failures (>= 1)."""
+        base = min(self.maximum, self.initial * self.multiplier ** max(failures - 1, 0))
+        spread = base * self.jitter
+        return max(0.0, base + random.uniform(-spread, spread))
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        return self.delay(retry_state.attempt_number)

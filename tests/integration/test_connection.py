@@ -1,0 +1,230 @@
+"""The client connection over real sockets: handshake and upgrades, pipelining, errors,
+heartbeats, timeouts and closing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from smartnsq import errors as e
+from smartnsq.protocol import commands as c
+from smartnsq.protocol.message import MessageFrame
+from smartnsq.protocol.responses import CLOSE_WAIT, OK
+from smartnsq.testing import Cluster
+from smartnsq.testing.tls import self_signed_contexts
+from smartnsq.transport.connection import Connection, ConnectionConfig
+
+
+async def _open(address: str, **config: object) -> Connection:
+    conn = Connection(address, ConnectionConfig(**config))  # type: ignore[arg-type]
+    await conn.connect()
+    return conn
+
+
+@pytest.fixture
+async def single() -> AsyncIterator[Cluster]:
+    async with Cluster(nodes=1) as cluster:
+        await cluster.create_topic("t", 1, 1, channels=["c"])
+        yield cluster
+
+
+async def _consume(conn: Connection, count: int) -> list[MessageFrame]:
+    got: list[MessageFrame] = []
+    done = asyncio.get_running_loop().create_future()
+
+    def on_message(connection: Connection, message: MessageFrame) -> None:
+        got.append(message)
+        connection.send(c.fin(message.id))
+        if len(got) == count and not done.done():
+            done.set_result(None)
+
+    conn.on_message = on_message
+    assert await conn.request(c.sub("t", "c", 0), "SUB") == OK
+    conn.send(c.rdy(100))
+    await asyncio.wait_for(done, 5)
+    return got
+
+
+async def test_youzan_handshake(single: Cluster) -> None:
+    conn = await _open(single.nsqd_addresses[0])
+    assert conn.youzan
+    assert conn.identify is not None
+    assert conn.identify.version == "0.3.7-HA.1.13.0"
+    assert conn.max_rdy_count == 2500
+    assert conn.layout.binary_id
+    assert conn.local_address.startswith("127.0.0.1:")
+    await conn.close()
+    assert conn.closed
+
+
+async def test_classic_handshake() -> None:
+    async with Cluster(classic=True) as cluster:
+        conn = await _open(cluster.nsqd_addresses[0])
+        assert not conn.youzan
+        assert not conn.layout.binary_id
+        assert await conn.request(c.pub("t1", b"x"), "PUB") == OK
+        await conn.close()
+
+
+@pytest.mark.parametrize(
+    ("compression", "level"), [("snappy", 6), ("deflate", 1), ("deflate", 6), (None, 6)]
+)
+async def test_compression(single: Cluster, compression: str | None, level: int) -> None:
+    conn = await _open(single.nsqd_addresses[0], compression=compression, deflate_level=level)
+    assert conn.identify is not None
+    assert conn.identify.snappy == (compression == "snappy")
+    assert conn.identify.deflate == (compression == "deflate")
+    bodies = [bytes([i % 256]) * (i + 1) for i in range(300)]
+    answers = await asyncio.gather(*(conn.request(c.pub("t", b, 0), "PUB") for b in bodies))
+    assert answers == [OK] * 300
+    consumer = await _open(single.nsqd_addresses[0], compression=compression, deflate_level=level)
+    got = await _consume(consumer, 300)
+    assert [m.body for m in got] == bodies
+    await single.wait_for(lambda: single.unfinished("t", "c") == 0)
+    await conn.close()
+    await consumer.close()
+
+
+async def test_tls_then_snappy(tmp_path: Path) -> None:
+    server_ctx, client_ctx = self_signed_contexts(tmp_path)
+    async with Cluster(nodes=1, tls_context=server_ctx, tls_required=True) as cluster:
+        await cluster.create_topic("t", 1, 1, channels=["c"])
+        conn = await _open(cluster.nsqd_addresses[0], tls=client_ctx, compression="snappy")
+        assert conn.describe()["tls"]
+        assert conn.describe()["compression"] == "SnappyCodec"
+        assert await conn.request(c.pub("t", b"secret", 0), "PUB") == OK
+        consumer = await _open(cluster.nsqd_addresses[0], tls=client_ctx)
+        assert [m.body for m in await _consume(consumer, 1)] == [b"secret"]
+        await conn.close()
+        await consumer.close()
+
+
+async def test_tls_required_refuses_plain_clients(tmp_path: Path) -> None:
+    server_ctx, _ = self_signed_contexts(tmp_path)
+    async with Cluster(nodes=1, tls_context=server_ctx, tls_required=True) as cluster:
+        await cluster.create_topic("t", 1, 1, channels=["c"])
+        conn = await _open(cluster.nsqd_addresses[0])
+        with pytest.raises(e.InvalidCommandError, match="TLS required"):
+            await conn.request(c.pub("t", b"x", 0), "PUB")
+        await conn.wait_closed()
+
+
+async def test_auth() -> None:
+    async with Cluster(nodes=1, auth_secrets={"s3cret": "billing-service"}) as cluster:
+        await cluster.create_topic("t", 1, 1, channels=["c"])
+        conn = await _open(cluster.nsqd_addresses[0], auth_secret="s3cret")
+        assert conn.auth is not None
+        assert conn.auth.identity == "billing-service"
+        assert await conn.request(c.pub("t", b"x", 0), "PUB") == OK
+        await conn.close()
+        with pytest.raises(e.AuthFailedError):
+            await _open(cluster.nsqd_addresses[0], auth_secret="wrong")
+        with pytest.raises(e.ValidationError, match="auth_secret"):
+            await _open(cluster.nsqd_addresses[0])
+
+
+async def test_pipelining_keeps_order(single: Cluster) -> None:
+    conn = await _open(single.nsqd_addresses[0])
+    bodies = [f"m{i}".encode() for i in range(2000)]
+    futures = [conn.request_future(c.pub("t", b, 0), "PUB") for b in bodies]
+    assert await asyncio.gather(*futures) == [OK] * len(bodies)
+    assert [r.body for r in single.messages("t")] == bodies
+    await conn.close()
+
+
+async def test_non_fatal_error_fails_only_its_request(youzan: Cluster) -> None:
+    conn = await _open(youzan.nsqd_addresses[1])  # leads ptest-0, replica of nothing else
+    results = await asyncio.gather(
+        conn.request(c.pub("ptest", b"a", 0), "PUB"),
+        conn.request(c.pub_ext("ptest", b"b", {"k": "v"}, 0), "PUB_EXT"),  # not an ext topic
+        conn.request(c.pub("ptest", b"c", 0), "PUB"),
+        return_exceptions=True,
+    )
+    assert results[0] == OK
+    assert isinstance(results[1], e.ExtNotSupportedError)
+    assert not results[1].fatal
+    assert results[2] == OK
+    assert conn.is_open
+    await conn.close()
+
+
+async def test_fatal_error_fails_every_pending_request(youzan: Cluster) -> None:
+    conn = await _open(youzan.nsqd_addresses[1])
+    first = conn.request_future(c.pub("ptest", b"ok", 0), "PUB")
+    fatal = conn.request_future(c.pub("ptest", b"x", 7), "PUB")  # no such partition here
+    after = conn.request_future(c.pub("ptest", b"never", 0), "PUB")
+    assert await first == OK
+    with pytest.raises(e.TopicNotExistError):
+        await fatal
+    with pytest.raises(e.TopicNotExistError):
+        await after
+    await conn.wait_closed()
+    assert conn.closed
+    with pytest.raises(e.ConnectionClosedError):
+        await conn.request(c.pub("ptest", b"x", 0), "PUB")
+
+
+async def test_heartbeats_answered_and_filtered(single: Cluster) -> None:
+    conn = await _open(single.nsqd_addresses[0], heartbeat_interval=1.0)
+    # Pipelined requests straddle heartbeats; the FIFO must ignore them.
+    for _ in range(6):
+        assert await conn.request(c.pub("t", b"x", 0), "PUB") == OK
+        await asyncio.sleep(0.5)
+    assert conn.is_open  # youzan drops clients that do not answer within 3 intervals
+    await conn.close()
+
+
+async def test_dead_server_is_detected(single: Cluster) -> None:
+    conn = await _open(single.nsqd_addresses[0], heartbeat_interval=1.0)
+    single.suspend_heartbeats(0)
+    closed = asyncio.get_running_loop().create_future()
+    conn.on_close = lambda _conn, exc: closed.set_result(exc)
+    error = await asyncio.wait_for(closed, 6)
+    assert isinstance(error, e.NSQTimeoutError)
+    assert "no heartbeat" in str(error)
+
+
+async def test_request_timeout_closes_the_connection(single: Cluster) -> None:
+    conn = await _open(single.nsqd_addresses[0], request_timeout=0.2)
+    single.set_latency(0, 1.0)
+    with pytest.raises(e.NSQTimeoutError):
+        await conn.request(c.pub("t", b"slow", 0), "PUB")
+    assert conn.closed
+    single.set_latency(0, 0)
+
+
+async def test_connect_refused() -> None:
+    async with Cluster(nodes=1) as cluster:
+        address = cluster.nsqd_addresses[0]
+        await cluster.stop_node(0)
+        with pytest.raises(e.ConnectionClosedError, match="cannot connect"):
+            await _open(address)
+
+
+async def test_close_fails_pending_and_leaks_nothing(single: Cluster) -> None:
+    before = len(asyncio.all_tasks())
+    conn = await _open(single.nsqd_addresses[0])
+    single.set_latency(0, 0.5)
+    pending = conn.request_future(c.pub("t", b"x", 0), "PUB")
+    await conn.close()
+    with pytest.raises(e.ConnectionClosedError):
+        await pending
+    single.set_latency(0, 0)
+    assert len(asyncio.all_tasks()) == before
+
+
+async def test_cls_and_unsolicited_errors(single: Cluster) -> None:
+    errors: list[e.ServerError] = []
+    conn = Connection(single.nsqd_addresses[0], on_error=lambda _c, err: errors.append(err))
+    await conn.connect()
+    conn.unsolicited_command = "FIN"
+    conn.on_message = lambda connection, message: None
+    assert await conn.request(c.sub("t", "c", 0), "SUB") == OK
+    conn.send(c.fin(bytes(16)))  # not in flight: E_FIN_FAILED, non-fatal, answers nothing
+    assert await conn.request(c.cls(), "CLS") == CLOSE_WAIT
+    assert [err.code for err in errors] == ["E_FIN_FAILED"]
+    assert conn.is_open
+    await conn.close()
