@@ -107,6 +107,7 @@ class RdyController(Generic[K]):
         "_starved",
         "_test_after",
         "_test_key",
+        "_test_since",
         "_testing",
         "_total_rdy",
         "_window_end",
@@ -149,6 +150,7 @@ class RdyController(Generic[K]):
         self._testing = False
         self._test_key: K | None = None
         self._test_after = -1  # insertion rank of the previous tester
+        self._test_since = 0.0  # when the current tester got its RDY 1
 
     # ------------------------------------------------------------------ introspection
 
@@ -162,6 +164,11 @@ class RdyController(Generic[K]):
 
     def in_backoff(self) -> bool:
         return self._level > 0
+
+    def backoff_window_open(self) -> bool:
+        """In backoff with every connection at RDY 0 (outcomes do not count); False while
+        one connection tests the waters."""
+        return self._window_end is not None
 
     def keys(self) -> list[K]:
         """The connections' keys, in the order they were added."""
@@ -189,7 +196,13 @@ class RdyController(Generic[K]):
     def next_deadline(self) -> float | None:
         """When :meth:`tick` has work to do (a ``clock()`` value), or ``None``."""
         if self._level:
-            return self._window_end
+            if self._window_end is not None:
+                return self._window_end
+            tester = self._conns.get(self._test_key) if self._test_key is not None else None
+            if tester is None or len(self._conns) < 2:
+                return None
+            # A tester whose partition has nothing to deliver would block the test forever.
+            return max(tester.last_message, self._test_since) + self._low_rdy_idle_timeout
         if not self._low_rdy_regime():
             return None
         idle = self._low_rdy_idle_timeout
@@ -304,11 +317,19 @@ class RdyController(Generic[K]):
         """
         now = self._clock()
         if self._level:
-            if self._window_end is None or now < self._window_end:
+            if self._window_end is None:
+                deadline = self.next_deadline()
+                if self._testing and deadline is not None and now >= deadline:
+                    self._pick_test_key()  # the tester stayed idle: let another one try
+                    self._test_since = now
+                    return self._rebalance(now)
+                return []
+            if now < self._window_end:
                 return []
             self._window_end = None
             self._testing = True
             self._pick_test_key()
+            self._test_since = now
             return self._rebalance(now)
         if not self._low_rdy_regime():
             return []

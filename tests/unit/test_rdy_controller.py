@@ -791,7 +791,7 @@ class RdyMachine(RuleBasedStateMachine):
         busy = sorted(k for k, n in self.h.in_flight.items() if n > 0)
         ctl = self.h.ctl
         level = ctl.backoff_level
-        counts = self.backoff_on and level > 0 and ctl.next_deadline() is None
+        counts = self.backoff_on and level > 0 and not ctl.backoff_window_open()
         if outcome == "failure" and self.backoff_on and level == 0:
             counts = True
         self.h.done(data.draw(st.sampled_from(busy)), outcome)
@@ -845,7 +845,7 @@ class RdyMachine(RuleBasedStateMachine):
             assert not h.ctl.in_backoff()
         if h.ctl.in_backoff():
             # A window is open (RDY 0 everywhere) or one connection tests the waters.
-            window_open = h.ctl.next_deadline() is not None
+            window_open = h.ctl.backoff_window_open()
             assert sum(counts) == 0 if window_open else sum(counts) <= 1
             return
         if budget >= n:
@@ -869,3 +869,30 @@ class RdyMachine(RuleBasedStateMachine):
 
 RdyMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
 TestRdyMachine = RdyMachine.TestCase
+
+
+def test_an_idle_tester_hands_the_test_to_another_connection() -> None:
+    """A tester whose partition has nothing to deliver must not keep every connection at
+    RDY 0 forever: after low_rdy_idle_timeout the test RDY moves on (go-nsq does the same)."""
+    h = backoff_harness("abc")
+    h.process("a", "failure")
+    h.to_deadline()
+    (first,) = h.holders()
+    assert h.ctl.next_deadline() == h.clock.now + 10.0
+    assert h.advance(9.9) == []
+    h.advance(0.1)
+    (second,) = h.holders()
+    assert second != first
+    assert h.ctl.in_backoff()
+    # the new tester delivers; its success ends the backoff (level 1 -> 0)
+    h.process(second, "success")
+    assert not h.ctl.in_backoff()
+    assert sorted(h.holders()) == ["a", "b", "c"]
+
+
+def test_a_single_connection_tester_has_no_deadline() -> None:
+    h = backoff_harness("a")
+    h.process("a", "failure")
+    h.to_deadline()
+    assert h.holders() == ["a"]
+    assert h.ctl.next_deadline() is None

@@ -1,0 +1,1037 @@
+"""The Consumer: subscribes to every partition (or a subset, or classic nsqd), keeps the
+flow of messages within ``max_in_flight``, runs the handler, answers each message once, and
+follows leader changes.
+
+Floors used: the lookup manager (where partitions live, watched for changes), one
+:class:`Connection` per (nsqd, partition), the pure :class:`RdyController` (RDY counts,
+backoff), and eager handler execution (no task per message unless a handler really waits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import inspect
+import json
+import logging
+import os
+import time
+import warnings
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, cast
+
+from smartnsq._eager import run_eager
+from smartnsq.errors import (
+    ClientClosedError,
+    NSQError,
+    OrderViolationError,
+    ServerError,
+    TopicNotFoundError,
+    UnsupportedFeatureError,
+    ValidationError,
+)
+from smartnsq.flow.backoff import BackoffPolicy, requeue_delay
+from smartnsq.flow.rdy import Outcome, RdyController
+from smartnsq.message import Message
+from smartnsq.payload import MARKER, decompress_payload
+from smartnsq.protocol import commands
+from smartnsq.protocol.commands import StartPosition
+from smartnsq.protocol.lookupd import TopicLayout
+from smartnsq.protocol.message import MessageFrame, MessageLayout
+from smartnsq.protocol.responses import OK
+from smartnsq.protocol.validation import check_channel, check_partition, check_topic
+from smartnsq.retry import Backoff, is_retriable, needs_lookup_refresh
+from smartnsq.transport.connection import Compression, Connection, ConnectionConfig, parse_address
+from smartnsq.transport.lookup import LookupManager
+
+__all__ = ["Consumer", "ConsumerStats"]
+
+log = logging.getLogger("smartnsq.consumer")
+
+Handler = Callable[[Message], Any]
+GivingUp = Callable[[Message], Any]
+_Key = tuple[str, "int | None"]
+
+
+@dataclass
+class ConsumerStats:
+    """Counters since start (``consumer.stats()`` returns a snapshot)."""
+
+    received: int = 0
+    finished: int = 0
+    requeued: int = 0
+    given_up: int = 0
+    touched: int = 0
+    handler_errors: int = 0
+    lost_answers: int = 0  # answers not sent because the connection had closed
+    server_errors: int = 0  # non-fatal errors nsqd reported (E_FIN_FAILED...)
+    order_violations: int = 0
+    connects: int = 0
+    reconnects: int = 0
+    in_flight: int = 0
+    connections: int = 0
+    per_partition: dict[int | None, int] = field(default_factory=dict)
+
+
+class _Subscription:
+    """One subscribed connection: (nsqd address, partition)."""
+
+    __slots__ = (
+        "address",
+        "busy",
+        "channel",
+        "closing",
+        "conn",
+        "consumer",
+        "in_flight",
+        "key",
+        "partition",
+        "queue",
+        "topic",
+    )
+
+    def __init__(self, consumer: Consumer, key: _Key, conn: Connection) -> None:
+        self.consumer = consumer
+        self.key = key
+        self.address, self.partition = key
+        self.topic = consumer.topic
+        self.channel = consumer.channel
+        self.conn = conn
+        self.in_flight = 0
+        self.closing = False
+        self.busy = False  # ordered mode: a handler is running for this partition
+        self.queue: deque[Message] = deque()
+
+    def __repr__(self) -> str:
+        return f"<Subscription {self.address} partition={self.partition}>"
+
+
+class Consumer:
+    """Consumes ``topic``/``channel`` from youzan partitions or classic nsqd.
+
+    Give ``lookupd`` (nsqlookupd HTTP addresses) or ``nsqd`` (classic nsqd TCP addresses).
+    With a ``handler`` (a coroutine function, or a plain function run in a thread), returning
+    finishes the message and raising requeues it; without one, iterate the consumer.
+    ``ordered=True`` subscribes with SUB_ORDERED: each partition's messages reach the handler
+    one at a time, in queue order. Durations are in seconds.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        *,
+        lookupd: Sequence[str] | None = None,
+        nsqd: Sequence[str] | None = None,
+        handler: Handler | None = None,
+        max_in_flight: int = 1,
+        ordered: bool = False,
+        partitions: Sequence[int] | None = None,
+        max_attempts: int = 5,
+        requeue_delay: float = 90.0,
+        max_requeue_delay: float = 900.0,
+        backoff: BackoffPolicy | bool = True,
+        on_giving_up: GivingUp | None = None,
+        dead_letter_path: str | os.PathLike[str] | None = None,
+        ordered_give_up: bool = False,
+        raise_on_order_violation: bool = False,
+        start: StartPosition | None = None,
+        desired_tag: str | None = None,
+        msg_timeout: float | None = None,
+        heartbeat_interval: float = 30.0,
+        connect_timeout: float = 5.0,
+        tls: Any = False,
+        compression: Compression = None,
+        deflate_level: int = 6,
+        auth_secret: str | bytes | None = None,
+        sample_rate: int = 0,
+        client_id: str | None = None,
+        user_agent: str | None = None,
+        lookupd_poll_interval: float = 60.0,
+        low_rdy_idle_timeout: float = 10.0,
+        low_rdy_timeout: float = 30.0,
+        reconnect_backoff: Backoff | None = None,
+        handler_threads: int | None = None,
+        lookup_manager: LookupManager | None = None,
+    ) -> None:
+        self.topic = check_topic(topic)
+        self.channel = check_channel(channel)
+        if (lookupd is None) == (nsqd is None) and lookup_manager is None:
+            raise ValidationError("lookupd", "give exactly one of lookupd=[...] or nsqd=[...]")
+        if isinstance(lookupd, str) or isinstance(nsqd, str):
+            raise ValidationError("lookupd", "lookupd and nsqd take lists of addresses")
+        if type(max_in_flight) is not int or max_in_flight < 0:
+            raise ValidationError("max_in_flight", "must be an int >= 0")
+        if type(max_attempts) is not int or max_attempts < 1:
+            raise ValidationError("max_attempts", "must be an int >= 1")
+        for name, value in (
+            ("requeue_delay", requeue_delay),
+            ("max_requeue_delay", max_requeue_delay),
+        ):
+            if not isinstance(value, (int, float)) or value < 0:
+                raise ValidationError(name, "must be >= 0 seconds")
+        if handler is not None and not callable(handler):
+            raise ValidationError("handler", "must be a coroutine function or a function")
+        if ordered and start is not None:
+            raise ValidationError("start", "a start position needs SUB_ADVANCED, not ordered mode")
+        if ordered and sample_rate:
+            raise ValidationError("sample_rate", "ordered consumption needs sample_rate 0")
+        self.partitions = (
+            None if partitions is None else frozenset(check_partition(p) for p in partitions)
+        )
+        if self.partitions is not None and not self.partitions:
+            raise ValidationError("partitions", "must name at least one partition")
+        self.handler = handler
+        self.ordered = ordered
+        self.max_attempts = max_attempts
+        self.requeue_delay = float(requeue_delay)
+        self.max_requeue_delay = float(max_requeue_delay)
+        self.ordered_give_up = ordered_give_up
+        self.raise_on_order_violation = raise_on_order_violation
+        self.start_position = start
+        self.desired_tag = desired_tag
+        self.on_giving_up = on_giving_up
+        self.dead_letter_path = Path(dead_letter_path) if dead_letter_path is not None else None
+        if isinstance(backoff, BackoffPolicy):
+            self.backoff: BackoffPolicy | None = backoff
+        else:
+            self.backoff = BackoffPolicy() if backoff else None
+        self.reconnect_backoff = reconnect_backoff or Backoff(initial=0.5, maximum=30.0)
+        extra: dict[str, Any] = {}
+        if client_id is not None:
+            extra["client_id"] = client_id
+        if user_agent is not None:
+            extra["user_agent"] = user_agent
+        self.connection_config = ConnectionConfig(
+            heartbeat_interval=heartbeat_interval,
+            tls=tls,
+            compression=compression,
+            deflate_level=deflate_level,
+            auth_secret=auth_secret,
+            connect_timeout=connect_timeout,
+            sample_rate=sample_rate,
+            msg_timeout=msg_timeout,
+            **extra,
+        )
+        self._nsqd = [_check_address(a) for a in nsqd] if nsqd is not None else []
+        self._owns_lookup = lookup_manager is None and lookupd is not None
+        self._lookup = lookup_manager or (
+            LookupManager(list(lookupd), poll_interval=lookupd_poll_interval)
+            if lookupd is not None
+            else None
+        )
+        self._max_in_flight = max_in_flight
+        self._low_rdy = (low_rdy_idle_timeout, low_rdy_timeout)
+        self._handler_threads = handler_threads
+        self._is_coroutine = handler is not None and _is_coroutine_function(handler)
+        self._stats = ConsumerStats()
+        self._subs: dict[_Key, _Subscription] = {}
+        self._connecting: dict[_Key, asyncio.Task[None]] = {}
+        self._retry_at: dict[_Key, float] = {}
+        self._failures: dict[_Key, int] = {}
+        self._last_seen: dict[int | None, tuple[int, int]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._inbox: deque[Message] = deque()
+        self._inbox_waiter: asyncio.Future[None] | None = None
+        self._state = "new"  # new -> starting -> started -> closing -> closed
+        self._fatal: BaseException | None = None
+        self._extend_support: bool | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._controller: RdyController[_Subscription] | None = None
+        self._tick_handle: asyncio.TimerHandle | None = None
+        self._wake: asyncio.Event | None = None
+        self._force_refresh = False
+        self._supervisor: asyncio.Task[None] | None = None
+        self._done: asyncio.Future[None] | None = None
+        self._drained: asyncio.Event | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._unwatch: Callable[[], None] | None = None
+        self._warned_low_rdy = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> Consumer:
+        """Discover, connect and subscribe; return once the initial subscriptions are in
+        place (or failed: they are retried in the background)."""
+        if self._state in ("closing", "closed"):
+            raise ClientClosedError("this Consumer is closed; create a new one")
+        if self._state != "new":
+            return self
+        self._state = "starting"
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._wake = asyncio.Event()
+        self._done = loop.create_future()
+        self._drained = asyncio.Event()
+        self._controller = RdyController(
+            self._max_in_flight,
+            clock=loop.time,
+            backoff=self.backoff,
+            low_rdy_idle_timeout=self._low_rdy[0],
+            low_rdy_timeout=self._low_rdy[1],
+        )
+        if self.handler is not None and not self._is_coroutine:
+            workers = self._handler_threads or min(32, max(1, self._max_in_flight))
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                workers, thread_name_prefix=f"smartnsq-{self.topic}"
+            )
+        try:
+            if self._lookup is not None:
+                await asyncio.wait_for(
+                    self._lookup.discover(), self.connection_config.connect_timeout
+                )
+                self._unwatch = self._lookup.watch(self.topic, "r", self._on_layout)
+            await self._reconcile()
+            if self._connecting:
+                await asyncio.wait(
+                    list(self._connecting.values()), timeout=self.connection_config.connect_timeout
+                )
+        except BaseException:
+            await self._shutdown_now()
+            raise
+        if self._fatal is not None:
+            error = self._fatal
+            await self._shutdown_now()
+            raise error
+        self._state = "started"
+        self._supervisor = loop.create_task(
+            self._supervise(), name=f"smartnsq-consumer-{self.topic}"
+        )
+        return self
+
+    async def join(self) -> None:
+        """Wait until the consumer is closed; raises the error that stopped it, if any."""
+        if self._done is None:
+            raise ClientClosedError("the consumer was not started")
+        await asyncio.shield(self._done)
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Drain: stop new deliveries (RDY 0, CLS), let running handlers finish and answer
+        (up to ``timeout``), then close. Messages not answered by then are redelivered by
+        nsqd to other consumers."""
+        if self._state in ("closing", "closed"):
+            if self._done is not None:
+                await asyncio.shield(self._done)
+            return
+        if self._state == "new":
+            self._state = "closed"
+            return
+        self._state = "closing"
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+        for task in list(self._connecting.values()):
+            task.cancel()
+        if self._unwatch is not None:
+            self._unwatch()
+        if self._controller is not None:
+            self._apply(self._controller.set_max_in_flight(0))
+        await self._send_cls()
+        await self._wait_drained(timeout)
+        await self._shutdown_now()
+
+    async def _send_cls(self) -> None:
+        futures = []
+        for sub in list(self._subs.values()):
+            if sub.conn.is_open:
+                try:
+                    futures.append(sub.conn.request_future(commands.cls(), "CLS", timeout=2.0))
+                except NSQError:
+                    continue
+        if futures:
+            await asyncio.gather(*futures, return_exceptions=True)
+
+    async def _wait_drained(self, timeout: float) -> None:
+        # Messages still in the iterator's inbox were never handed out: they are not waited
+        # for (closing the connection makes nsqd redeliver them).
+        if self._drained is None:
+            return
+        if self._outstanding() > 0:
+            self._drained.clear()
+            try:
+                await asyncio.wait_for(self._drained.wait(), timeout)
+            except asyncio.TimeoutError:
+                log.warning(
+                    "%s: %d messages still unanswered after %.1f s; nsqd will redeliver them",
+                    self.topic,
+                    self._outstanding(),
+                    timeout,
+                )
+
+    def _outstanding(self) -> int:
+        return self._stats.in_flight - len(self._inbox)
+
+    async def _shutdown_now(self) -> None:
+        self._state = "closed"
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+        tasks = [t for t in self._tasks if not t.done()]
+        for task in tasks:
+            task.cancel()
+        for task in list(self._connecting.values()):
+            task.cancel()
+        pending = [*tasks, *self._connecting.values()]
+        if self._supervisor is not None:
+            pending.append(self._supervisor)
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.gather(*(sub.conn.close() for sub in list(self._subs.values())))
+        self._subs.clear()
+        if self._lookup is not None and self._owns_lookup:
+            await self._lookup.close()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        waiter = self._inbox_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        if self._done is not None and not self._done.done():
+            if self._fatal is not None:
+                self._done.set_exception(self._fatal)
+                self._done.exception()  # retrieved by join() if someone calls it
+            else:
+                self._done.set_result(None)
+
+    async def __aenter__(self) -> Consumer:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_state", "closed") in ("started", "starting"):
+            warnings.warn(f"unclosed {self!r}", ResourceWarning, source=self, stacklevel=2)
+
+    def __repr__(self) -> str:
+        return f"<Consumer {self.topic}/{self.channel} {getattr(self, '_state', '?')}>"
+
+    def _fail(self, error: BaseException) -> None:
+        """A non-recoverable error (misconfiguration): stop and let join() raise it."""
+        if self._fatal is not None or self._state in ("closing", "closed"):
+            return
+        self._fatal = error
+        log.error("consumer %s/%s stops: %s", self.topic, self.channel, error)
+        if self._state == "started" and self._loop is not None:
+            task = self._loop.create_task(self.close(timeout=5.0))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------ flow control API
+
+    def is_starved(self) -> bool:
+        """True when some connection's in-flight messages reached 85 % of its RDY: nothing
+        more arrives until messages are answered (batching handlers flush now)."""
+        return self._controller.is_starved() if self._controller is not None else False
+
+    def set_max_in_flight(self, max_in_flight: int) -> None:
+        """Change the in-flight budget; 0 pauses consumption."""
+        if type(max_in_flight) is not int or max_in_flight < 0:
+            raise ValidationError("max_in_flight", "must be an int >= 0")
+        self._max_in_flight = max_in_flight
+        if self._controller is not None and self._state in ("started", "starting"):
+            self._apply(self._controller.set_max_in_flight(max_in_flight))
+            self._schedule_tick()
+
+    @property
+    def max_in_flight(self) -> int:
+        return self._max_in_flight
+
+    def stats(self) -> ConsumerStats:
+        snapshot = ConsumerStats(**self._stats.__dict__)
+        snapshot.per_partition = dict(self._stats.per_partition)
+        snapshot.connections = sum(1 for s in self._subs.values() if s.conn.is_open)
+        return snapshot
+
+    def _apply(self, updates: list[tuple[_Subscription, int]]) -> None:
+        for sub, count in updates:
+            conn = sub.conn
+            if conn.is_open and not sub.closing:
+                conn.send(commands.rdy(min(count, conn.max_rdy_count)))
+
+    def _schedule_tick(self) -> None:
+        controller, loop = self._controller, self._loop
+        if controller is None or loop is None:
+            return
+        deadline = controller.next_deadline()
+        if self._tick_handle is not None:
+            if deadline is not None and self._tick_handle.when() <= deadline:
+                return
+            self._tick_handle.cancel()
+            self._tick_handle = None
+        if deadline is not None:
+            self._tick_handle = loop.call_at(max(deadline, loop.time()), self._tick)
+
+    def _tick(self) -> None:
+        self._tick_handle = None
+        if self._controller is None or self._state in ("closed",):
+            return
+        self._apply(self._controller.tick())
+        self._schedule_tick()
+
+    # ------------------------------------------------------------------ discovery
+
+    def _on_layout(self, layout: TopicLayout) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _desired(self) -> set[_Key]:
+        if self._lookup is None:
+            return {(address, None) for address in self._nsqd}
+        try:
+            if self._force_refresh:
+                self._force_refresh = False
+                layout = await self._lookup.refresh(self.topic, "r")
+            else:
+                layout = await self._lookup.lookup(self.topic, "r")
+        except TopicNotFoundError:
+            return set()  # classic lookupd before the topic exists: wait for it
+        self._check_layout(layout)
+        keys: set[_Key] = set()
+        for partition, leader in layout.partitions.items():
+            if self.partitions is None or partition in self.partitions:
+                keys.add((leader.tcp_address, partition))
+        if self.partitions is None:
+            keys.update((node.tcp_address, None) for node in layout.classic_nodes)
+        return keys
+
+    def _check_layout(self, layout: TopicLayout) -> None:
+        self._extend_support = layout.extend_support if layout.youzan else None
+        if layout.is_classic and self.ordered and layout.classic_nodes:
+            raise UnsupportedFeatureError("classic nsqd has no ordered consumption (SUB_ORDERED)")
+        if self.partitions is not None and layout.partition_num:
+            unknown = sorted(p for p in self.partitions if p >= layout.partition_num)
+            if unknown:
+                raise ValidationError(
+                    "partitions",
+                    f"topic {self.topic!r} has {layout.partition_num} partitions; "
+                    f"no partition {unknown}",
+                )
+
+    async def _reconcile(self) -> None:
+        try:
+            desired = await self._desired()
+        except (ValidationError, UnsupportedFeatureError) as exc:
+            self._fail(exc)
+            return
+        except NSQError as exc:
+            log.warning("%s: lookup failed: %s", self.topic, exc)
+            return
+        loop = self._loop
+        if loop is None:
+            return
+        now = loop.time()
+        for key in desired:
+            if key in self._subs or key in self._connecting:
+                continue
+            if self._retry_at.get(key, 0.0) > now:
+                continue
+            task = loop.create_task(self._subscribe(key), name=f"smartnsq-connect-{key[0]}")
+            self._connecting[key] = task
+        for key, sub in list(self._subs.items()):
+            if key not in desired and not sub.closing:
+                # This node no longer leads the partition: stop its flow, let in-flight
+                # messages be answered, then close.
+                self._retire(sub)
+
+    async def _supervise(self) -> None:
+        loop = asyncio.get_running_loop()
+        wake = self._wake
+        if wake is None:
+            return
+        while self._state == "started":
+            wake.clear()
+            await self._reconcile()
+            now = loop.time()
+            waits = [t - now for t in self._retry_at.values() if t > now]
+            timeout = min([*waits, 30.0])
+            try:
+                await asyncio.wait_for(wake.wait(), max(timeout, 0.01))
+            except asyncio.TimeoutError:
+                pass
+
+    def _request_refresh(self) -> None:
+        self._force_refresh = True
+        if self._wake is not None:
+            self._wake.set()
+
+    # ------------------------------------------------------------------ connections
+
+    def _subscribe_command(self, partition: int | None) -> tuple[bytes, str, bool]:
+        if partition is None:
+            return commands.sub(self.topic, self.channel), "SUB", False
+        if self.ordered:
+            return commands.sub_ordered(self.topic, self.channel, partition), "SUB_ORDERED", True
+        if self.start_position is not None:
+            cmd = commands.sub_advanced(self.topic, self.channel, partition, self.start_position)
+            return cmd, "SUB_ADVANCED", True
+        return commands.sub(self.topic, self.channel, partition), "SUB", False
+
+    async def _subscribe(self, key: _Key) -> None:
+        address, partition = key
+        conn = Connection(
+            address,
+            self.connection_config,
+            extend_support=self._extend_support if partition is not None else None,
+            desired_tag=self.desired_tag,
+            message_class=Message,
+            label=f"{address}/{self.topic}/{partition}",
+        )
+        sub = _Subscription(self, key, conn)
+        conn.on_message = functools.partial(self._on_message, sub)
+        conn.on_error = self._on_server_error
+        conn.unsolicited_command = "FIN"
+        try:
+            await conn.connect()
+            command, name, detail = self._subscribe_command(partition)
+            if partition is None and not conn.youzan and self.start_position is not None:
+                raise UnsupportedFeatureError("classic nsqd has no SUB_ADVANCED start positions")
+            conn.layout = MessageLayout(conn.layout.binary_id, conn.layout.ext, detail)
+            answer = await conn.request(command, name)
+            if answer != OK:
+                raise NSQError(f"unexpected answer to {name}: {answer[:40]!r}")
+        except asyncio.CancelledError:
+            conn.abort()
+            raise
+        except NSQError as exc:
+            conn.abort()
+            self._connect_failed(key, exc)
+            return
+        finally:
+            self._connecting.pop(key, None)
+        if self._state in ("closing", "closed"):
+            await conn.close()
+            return
+        conn.on_close = functools.partial(self._on_close, sub)
+        if conn.closed:  # lost between SUB's answer and now
+            self._connect_failed(key, NSQError("connection closed after SUB"))
+            return
+        self._subs[key] = sub
+        self._failures.pop(key, None)
+        self._retry_at.pop(key, None)
+        self._stats.connects += 1
+        log.info(
+            "%s/%s: subscribed to %s partition %s", self.topic, self.channel, address, partition
+        )
+        if self._controller is not None:
+            self._apply(self._controller.add_connection(sub, conn.max_rdy_count))
+            self._schedule_tick()
+        if len(self._subs) > self._max_in_flight > 0 and not self._warned_low_rdy:
+            self._warned_low_rdy = True
+            log.warning(
+                "%s/%s: max_in_flight=%d is below the %d subscribed partitions/nodes: they "
+                "take turns (every low_rdy_idle_timeout); raise max_in_flight to consume "
+                "them all at once",
+                self.topic,
+                self.channel,
+                self._max_in_flight,
+                len(self._subs),
+            )
+
+    def _connect_failed(self, key: _Key, exc: NSQError) -> None:
+        if not is_retriable(exc) and isinstance(exc, ServerError):
+            # Misconfiguration (an ordered topic without ordered=True, an unregistered
+            # channel, bad credentials...): retrying cannot help.
+            self._fail(exc)
+            return
+        failures = self._failures.get(key, 0) + 1
+        self._failures[key] = failures
+        loop = self._loop
+        if loop is not None:
+            self._retry_at[key] = loop.time() + self.reconnect_backoff.delay(failures)
+        log.warning("%s: subscribing to %s failed (%s); retrying", self.topic, key[0], exc)
+        if self._lookup is not None and (needs_lookup_refresh(exc) or failures > 1):
+            self._request_refresh()
+        elif self._wake is not None:
+            self._wake.set()
+
+    def _on_close(self, sub: _Subscription, conn: Connection, exc: BaseException | None) -> None:
+        if self._subs.get(sub.key) is sub:
+            del self._subs[sub.key]
+        if self._controller is not None:
+            self._apply(self._controller.remove_connection(sub))
+            self._schedule_tick()
+        if sub.queue:
+            # ordered mode: messages waiting behind a running handler will be redelivered
+            self._stats.in_flight -= len(sub.queue)
+            sub.queue.clear()
+        if self._inbox:
+            # never handed out: nsqd redelivers them, nobody can answer them now
+            kept = deque(m for m in self._inbox if m._sub is not sub)
+            self._stats.in_flight -= len(self._inbox) - len(kept)
+            self._inbox = kept
+        if self._state != "started" or sub.closing:
+            self._check_drained()
+            return
+        self._stats.reconnects += 1
+        log.warning("%s: connection to %s lost: %s", self.topic, sub.address, exc)
+        if isinstance(exc, ServerError) and not exc.retriable:
+            self._fail(exc)
+            return
+        failures = self._failures.get(sub.key, 0) + 1
+        self._failures[sub.key] = failures
+        if self._loop is not None and failures > 1:
+            self._retry_at[sub.key] = self._loop.time() + self.reconnect_backoff.delay(failures)
+        if self._lookup is not None:
+            self._request_refresh()
+        elif self._wake is not None:
+            self._wake.set()
+
+    def _retire(self, sub: _Subscription) -> None:
+        sub.closing = True
+        if sub.conn.is_open:
+            sub.conn.send(commands.rdy(0))
+        if self._controller is not None:
+            self._apply(self._controller.remove_connection(sub))
+        if sub.in_flight == 0:
+            task = asyncio.ensure_future(sub.conn.close())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _on_server_error(self, conn: Connection, error: ServerError) -> None:
+        # E_FIN_FAILED & co: the message timed out or was already answered; nsqd will
+        # redeliver it if needed. Never fatal.
+        self._stats.server_errors += 1
+        log.warning("%s: %s", conn.label, error)
+
+    # ------------------------------------------------------------------ messages
+
+    def _on_message(self, sub: _Subscription, conn: Connection, frame: MessageFrame) -> None:
+        message = cast(Message, frame)  # decoded with message_class=Message
+        message._sub = sub
+        message.responded = False
+        message.waiting = False
+        stats = self._stats
+        stats.received += 1
+        stats.in_flight += 1
+        sub.in_flight += 1
+        controller = self._controller
+        if controller is not None:
+            updates = controller.on_message(sub)
+            if updates:
+                self._apply(updates)
+        if self._state != "started" and self._state != "starting":
+            return  # closing: not handed out; nsqd redelivers it after we disconnect
+        if sub.closing:
+            return
+        if message.ext_raw is not None and MARKER in message.ext_raw:
+            self._decompress(message)
+        if self.ordered:
+            if not self._check_order(sub, message):
+                return
+            if sub.busy:
+                sub.queue.append(message)
+                return
+            sub.busy = True
+        elif message.attempts > self.max_attempts:
+            self._give_up(message)
+            return
+        self._dispatch(message)
+
+    def _decompress(self, message: Message) -> None:
+        ext = message.ext
+        if ext is None:
+            return
+        try:
+            message.body = decompress_payload(message.body, ext)
+        except NSQError as exc:
+            log.error("%s: cannot decompress message %s: %s", self.topic, message.id.hex(), exc)
+            message.ext = ext
+
+    def _check_order(self, sub: _Subscription, message: Message) -> bool:
+        """Per partition, internal id and queue offset never go backwards (a redelivery of
+        the same message is fine)."""
+        internal_id = message.internal_id
+        if internal_id is None:
+            return True
+        offset = message.offset if message.offset is not None else -1
+        last = self._last_seen.get(sub.partition)
+        self._last_seen[sub.partition] = (internal_id, offset)
+        if last is None or internal_id == last[0]:
+            return True
+        if internal_id > last[0] and offset >= last[1]:
+            return True
+        self._stats.order_violations += 1
+        error = OrderViolationError(
+            f"partition {sub.partition} went backwards: id {last[0]} -> {internal_id}, "
+            f"offset {last[1]} -> {offset}"
+        )
+        log.error("%s: %s", self.topic, error)
+        if self.raise_on_order_violation:
+            self._fail(error)
+            return False
+        return True
+
+    def _dispatch(self, message: Message) -> None:
+        handler = self.handler
+        if handler is None:
+            self._inbox.append(message)
+            waiter = self._inbox_waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+            return
+        if self._is_coroutine:
+            try:
+                coro = handler(message)
+            except Exception as exc:  # noqa: BLE001 - creating the coroutine is the handler's failure
+                self._handled(message, exc)
+                return
+            task = run_eager(coro, functools.partial(self._handled, message))
+            if task is not None:
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            return
+        if self._executor is None or self._loop is None:
+            return
+        future = self._loop.run_in_executor(self._executor, handler, message)
+        future.add_done_callback(functools.partial(self._thread_done, message))
+
+    def _thread_done(self, message: Message, future: asyncio.Future[Any]) -> None:
+        if future.cancelled():
+            self._handled(message, asyncio.CancelledError())
+        else:
+            self._handled(message, future.exception())
+
+    def _handled(self, message: Message, exc: BaseException | None) -> None:
+        """The handler returned (exc None) or raised."""
+        sub = message._sub
+        if exc is None:
+            if not message.responded:
+                self._answer(message, commands.fin(message.id), "success", "finished")
+        elif isinstance(exc, asyncio.CancelledError):
+            pass  # the consumer is closing: unanswered, nsqd redelivers it
+        else:
+            self._stats.handler_errors += 1
+            log.warning(
+                "%s: handler failed for message %s (attempt %d): %r",
+                self.topic,
+                message.id.hex(),
+                message.attempts,
+                exc,
+                exc_info=exc if log.isEnabledFor(logging.DEBUG) else None,
+            )
+            if not message.responded:
+                self._failed(message)
+        if self.ordered:
+            self._next_ordered(sub, message)
+
+    def _next_ordered(self, sub: _Subscription, message: Message) -> None:
+        if message.waiting:
+            return  # its REQ 0 is still to come; the partition stays blocked
+        sub.busy = False
+        if sub.queue and not sub.closing:
+            nxt = sub.queue.popleft()
+            sub.busy = True
+            self._dispatch(nxt)
+
+    def _failed(self, message: Message) -> None:
+        if self.ordered:
+            if message.attempts >= self.max_attempts and self.ordered_give_up:
+                self._give_up(message)
+                return
+            if message.attempts >= self.max_attempts:
+                log.error(
+                    "%s: ordered partition %s is blocked: message %s failed %d times "
+                    "(policy: keep retrying; set ordered_give_up=True to dead-letter it)",
+                    self.topic,
+                    message.partition,
+                    message.id.hex(),
+                    message.attempts,
+                )
+        self.requeue(message, None, backoff=True)
+
+    def _give_up(self, message: Message) -> None:
+        self._stats.given_up += 1
+        log.warning(
+            "%s: giving up on message %s after %d attempts",
+            self.topic,
+            message.id.hex(),
+            message.attempts,
+        )
+        if self.dead_letter_path is not None:
+            self._dead_letter(message)
+        callback = self.on_giving_up
+        if callback is not None:
+            try:
+                result = callback(message)
+                if inspect.isawaitable(result):
+                    task = asyncio.ensure_future(_finish_give_up(self, message, result))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+                    return
+            except Exception:
+                log.exception("%s: on_giving_up failed", self.topic)
+        self._answer(message, commands.fin(message.id), "neutral", "finished")
+        if self.ordered:
+            self._next_ordered(message._sub, message)
+
+    def _dead_letter(self, message: Message) -> None:
+        record = {
+            "topic": message.topic,
+            "channel": message.channel,
+            "partition": message.partition,
+            "id": message.id.hex(),
+            "internal_id": message.internal_id,
+            "trace_id": message.trace_id,
+            "attempts": message.attempts,
+            "timestamp": message.timestamp,
+            "ext": message.ext,
+            "body": message.body.decode("utf-8", "backslashreplace"),
+            "given_up_at": time.time(),
+        }
+        path = self.dead_letter_path
+        if path is None:
+            return
+        try:
+            with path.open("a", encoding="utf-8") as out:
+                out.write(json.dumps(record) + "\n")
+        except OSError as exc:
+            log.error("%s: cannot write the dead-letter file %s: %s", self.topic, path, exc)
+
+    # ------------------------------------------------------------------ answers
+
+    def _answer(self, message: Message, command: bytes, outcome: Outcome, counter: str) -> bool:
+        if message.responded:
+            return False
+        message.responded = True
+        sub = message._sub
+        stats = self._stats
+        stats.in_flight -= 1
+        sub.in_flight -= 1
+        if sub.conn.is_open:
+            sub.conn.send(command)
+            setattr(stats, counter, getattr(stats, counter) + 1)
+            if counter == "finished":
+                partition = sub.partition
+                stats.per_partition[partition] = stats.per_partition.get(partition, 0) + 1
+        else:
+            stats.lost_answers += 1
+            log.debug(
+                "%s: connection closed; message %s will be redelivered",
+                sub.address,
+                message.id.hex(),
+            )
+        controller = self._controller
+        if controller is not None:
+            updates = controller.on_done(sub, outcome)
+            if updates:
+                self._apply(updates)
+            if outcome == "failure":
+                self._schedule_tick()
+        if sub.closing and sub.in_flight == 0:
+            task = asyncio.ensure_future(sub.conn.close())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if self._state == "closing":
+            self._check_drained()
+        return True
+
+    def _check_drained(self) -> None:
+        if self._drained is not None and self._outstanding() <= 0:
+            self._drained.set()
+
+    def finish(self, message: Message) -> None:
+        """FIN ``message`` (what ``await message.finish()`` does)."""
+        if message.responded:
+            raise NSQError(f"message {message.id.hex()} was already answered")
+        self._answer(message, commands.fin(message.id), "success", "finished")
+
+    def requeue(
+        self, message: Message, delay: float | None = None, *, backoff: bool = True
+    ) -> None:
+        """REQ ``message``; ``delay`` None applies the requeue policy (requeue_delay x
+        attempts, capped). On ordered channels nsqd ignores REQ delays, so the client waits
+        the delay itself (touching the message) and then sends ``REQ 0``."""
+        if message.responded:
+            raise NSQError(f"message {message.id.hex()} was already answered")
+        if delay is None:
+            delay = requeue_delay(message.attempts, self.requeue_delay, self.max_requeue_delay)
+        elif delay < 0:
+            raise ValidationError("delay", "must be >= 0 seconds")
+        outcome: Outcome = "failure" if backoff else "neutral"
+        if self.ordered and delay > 0:
+            message.waiting = True
+            task = asyncio.ensure_future(self._requeue_ordered(message, delay, outcome))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
+        self._answer(message, commands.req(message.id, round(delay * 1000)), outcome, "requeued")
+
+    async def _requeue_ordered(self, message: Message, delay: float, outcome: Outcome) -> None:
+        conn = message._sub.conn
+        identify = conn.identify
+        msg_timeout = identify.msg_timeout / 1000 if identify is not None else 60.0
+        loop = asyncio.get_running_loop()
+        until = loop.time() + delay
+        try:
+            while (remaining := until - loop.time()) > 0:
+                await asyncio.sleep(min(remaining, msg_timeout / 2))
+                if loop.time() < until and conn.is_open and not message.responded:
+                    conn.send(commands.touch(message.id))  # keep it ours while we wait
+        finally:
+            message.waiting = False
+            if not message.responded and self._state in ("started", "closing"):
+                self._answer(message, commands.req(message.id, 0), outcome, "requeued")
+            self._next_ordered(message._sub, message)
+
+    def touch(self, message: Message) -> None:
+        """TOUCH ``message``: nsqd resets its timeout."""
+        if message.responded:
+            raise NSQError(f"message {message.id.hex()} was already answered")
+        conn = message._sub.conn
+        if conn.is_open:
+            conn.send(commands.touch(message.id))
+            self._stats.touched += 1
+
+    # ------------------------------------------------------------------ iteration
+
+    def __aiter__(self) -> Consumer:
+        if self.handler is not None:
+            raise ValidationError("handler", "a consumer with a handler cannot be iterated")
+        return self
+
+    async def __anext__(self) -> Message:
+        if self._state == "new":
+            await self.start()
+        while True:
+            if self._inbox:
+                return self._inbox.popleft()
+            if self._state not in ("started", "starting"):
+                if self._fatal is not None:
+                    raise self._fatal
+                raise StopAsyncIteration
+            loop = asyncio.get_running_loop()
+            self._inbox_waiter = loop.create_future()
+            await self._inbox_waiter
+            self._inbox_waiter = None
+
+
+async def _finish_give_up(consumer: Consumer, message: Message, result: Awaitable[Any]) -> None:
+    try:
+        await result
+    except Exception:
+        log.exception("%s: on_giving_up failed", consumer.topic)
+    consumer._answer(message, commands.fin(message.id), "neutral", "finished")
+    if consumer.ordered:
+        consumer._next_ordered(message._sub, message)
+
+
+def _check_address(address: str) -> str:
+    parse_address(address)
+    return address
+
+
+def _is_coroutine_function(handler: Any) -> bool:
+    if inspect.iscoroutinefunction(handler):
+        return True
+    call = getattr(handler, "__call__", None)  # noqa: B004 - callable objects with async __call__
+    return call is not None and inspect.iscoroutinefunction(call)
