@@ -13,6 +13,7 @@ import logging
 import socket
 import ssl
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -94,6 +95,8 @@ class Cluster:
         self.topics: dict[str, Topic] = {}
         self._partitions_by_log: dict[int, Partition] = {}
         self._records: dict[tuple[str, str], ChannelRecord] = {}
+        # log index each channel started at (classic nsqd counts a channel's messages from it)
+        self._channel_starts: weakref.WeakKeyDictionary[Channel, int] = weakref.WeakKeyDictionary()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._failovers: dict[tuple[str, int], asyncio.TimerHandle] = {}
         self._changed: asyncio.Event | None = None
@@ -386,8 +389,13 @@ class Cluster:
             if name not in partition.topic.channel_names:
                 partition.topic.channel_names.append(name)
         log_.channels[name] = channel
+        self._channel_starts[channel] = start
         self.changed()
         return channel
+
+    def channel_start(self, channel: Channel) -> int:
+        """The log index a channel started at (its first message, classic; end, youzan)."""
+        return self._channel_starts.get(channel, 0)
 
     def client_left(self, channel: Channel) -> None:
         if channel.name.endswith("#ephemeral") and not channel.clients:
