@@ -10,6 +10,24 @@ channels) only while it can take writes. So a partition without a writable leade
 from write lookups and its channels from every answer, while read lookups still name its
 current leader (nsqlookupd fills missing partitions from the coordinator for consumers);
 ``leader_change_*`` recordings show exactly this.
+
+youzan operator endpoints (v1, on the leader lookupd), beside ``/topic/create`` and
+``/disable/write``:
+
+* ``POST /topic/partition/move?topic=&partition=&move_leader=true[&move_from=][&move_to=]``:
+  the same implementation as :meth:`Cluster.move_leader`. ``move_from``/``move_to`` name nsqd
+  nodes by their ``distributed_id`` (as lookups report it, the real servers' node id), by
+  ``host:tcp_port`` or by node number. ``move_from`` defaults to the leader, ``move_to`` to
+  the next live replica. Without ``move_leader=true`` a replica's data moves from
+  ``move_from`` to ``move_to``. The answer comes once the move is done.
+* ``POST /topic/delete?topic=&partition=**``.
+* ``POST /channel/create?topic=&channel=``: registers a channel of a topic created with
+  ``disable_channel_auto_create=true``.
+* ``GET /cluster/stats``: ``{"stable", "node_stat_list": [{"hostname", "broadcast_address",
+  "tcp_port", "http_port", "leader_load_factor", "node_load_factor"}], "topn_topics": []}``
+  as the real lookupd; the emulated load factors are the numbers of partitions a node leads
+  (writably) and holds. ``stable``: every partition has a live, writable leader and no
+  failover is pending.
 """
 
 from __future__ import annotations
@@ -39,6 +57,10 @@ __all__ = ["LookupdNode"]
 NO_CHANNEL = "Topic has no channel, should init at least one for the new topic"
 KEY_NOT_FOUND = "Key not found"
 NOT_LEADER = "E_FAILED_ON_NOT_LEADER"
+# the coordinator's ErrNotNsqLookupLeader, which some operator endpoints answer instead
+NOT_LOOKUP_LEADER = "Not nsqlookup leader"
+MAX_PARTITION_NUM = 255
+OLD_VERSION_PID = -11  # the partition id nsqlookupd accepts for pre-HA nsqd nodes
 HOSTNAME = socket.gethostname()
 _GET = ("GET",)
 _POST = ("POST",)
@@ -80,7 +102,10 @@ class LookupdNode:
                 "/topics": Route(_GET, self._topics, Mode.NEGOTIATE),
                 "/channels": Route(_GET, self._channels, Mode.NEGOTIATE),
                 "/nodes": Route(_GET, self._nodes, Mode.NEGOTIATE),
+                "/cluster/stats": Route(_GET, self._cluster_stats, Mode.V1),
                 "/topic/create": Route(("POST", "PUT"), self._topic_create, Mode.V1),
+                "/topic/delete": Route(_POST, self._topic_delete, Mode.V1),
+                "/topic/partition/move": Route(_POST, self._partition_move, Mode.V1),
                 "/channel/create": Route(_POST, self._channel_create, Mode.V1),
                 "/disable/write": Route(_POST, self._disable_write, Mode.V1),
             }
@@ -360,43 +385,129 @@ class LookupdNode:
         if not self.is_leader:
             raise ApiError(400, NOT_LEADER)
 
-    def _topic_create(self, request: Request) -> Response:
+    def _cluster_stats(self, request: Request) -> dict[str, Any]:
         self._require_leader()
+        cluster = self.cluster
+        partitions = [p for t in cluster.topics.values() for p in t.partitions.values()]
+        stats = []
+        for node in cluster.nodes:
+            if not node.running:
+                continue
+            led = sum(1 for p in partitions if p.leader == node.index and self._registered(p))
+            held = sum(1 for p in partitions if node.index in p.replicas)
+            stats.append(
+                {
+                    "hostname": HOSTNAME,
+                    "broadcast_address": cluster.host,
+                    "tcp_port": node.tcp_port,
+                    "http_port": node.http_port,
+                    # Go prints a whole float64 without a fraction: 2, not 2.0
+                    "leader_load_factor": led,
+                    "node_load_factor": held,
+                }
+            )
+        return {
+            "stable": cluster.is_stable(),
+            "node_stat_list": stats,
+            "topn_topics": [],
+        }
+
+    def _topic_create(self, request: Request) -> None:
+        """nsqlookupd doCreateTopic: every argument is checked before the leadership."""
         name = self._topic_arg(request)
         if not valid_name(name):
             raise ApiError(400, "INVALID_ARG_TOPIC")
         partition_num = _int_arg(request, "partition_num", "TOPIC_PARTITION_NUM", 1, 255)
         replicator = _int_arg(request, "replicator", "TOPIC_REPLICATOR", 1, 5)
-        if request.arg("suggestload") is not None:
+        if request.arg("suggestload"):
             _int_arg(request, "suggestload", "TOPIC_LOAD_FACTOR", 0, 10000)
-        ordered = request.arg("orderedmulti") == "true"
-        multi_part = request.arg("multipart") == "true"
-        ext = request.arg("extend") == "true"
-        no_auto = request.arg("disable_channel_auto_create") == "true"
+        if request.arg("syncdisk"):
+            _int_arg(request, "syncdisk", "TOPIC_SYNC_DISK", -(2**63), 2**63 - 1)
+        retention = request.arg("retention")
+        if retention:
+            try:
+                go_atoi(retention)
+            except ValueError as exc:
+                raise ApiError(400, str(exc)) from None
+        self._require_leader()
         self.cluster.create_topic_now(
             name,
             partitions=partition_num,
             replicas=replicator,
-            ordered=ordered,
-            ext=ext,
-            multi_part=multi_part,
-            disable_channel_auto_create=no_auto,
+            ordered=request.arg("orderedmulti") == "true",
+            ext=request.arg("extend") == "true",
+            multi_part=request.arg("multipart") == "true",
+            disable_channel_auto_create=request.arg("disable_channel_auto_create") == "true",
             strict_placement=True,
         )
-        return Response(200, b"", content_type="application/json; charset=utf-8")
 
-    def _channel_create(self, request: Request) -> Response:
-        self._require_leader()
+    def _topic_delete(self, request: Request) -> None:
+        """nsqlookupd doDeleteTopic: only ``partition=**``; the coordinator refuses on a
+        non-leader lookupd (500 "Not nsqlookup leader") and for an unknown topic."""
         name = self._topic_arg(request)
-        channel = request.arg("channel")
-        if not channel:
-            raise ApiError(400, "MISSING_ARG_CHANNEL")
-        if not valid_name(channel):
-            raise ApiError(400, "INVALID_ARG_CHANNEL")
+        partition = request.arg("partition")
+        if not partition:
+            raise ApiError(400, "MISSING_ARG_TOPIC_PARTITION")
+        if partition != "**":
+            raise ApiError(400, "REMOVE_SINGLE_PARTITION_NOT_ALLOWED")
+        if not self.is_leader:
+            raise ApiError(500, NOT_LOOKUP_LEADER)
         if name not in self.cluster.topics:
-            raise ApiError(404, "TOPIC_NOT_FOUND")
+            raise ApiError(500, "Topic not exist")
+        self.cluster.delete_topic_now(name)
+
+    def _partition_move(self, request: Request) -> None:
+        """nsqlookupd doMoveTopicParition, one implementation with Cluster.move_leader."""
+        from smartnsq.testing.cluster import ClusterError
+
+        name = self._topic_arg(request)
+        text = request.arg("partition")
+        if not text:
+            raise ApiError(400, "MISSING_ARG_TOPIC_PARTITION")
+        try:
+            pid = go_atoi(text)
+        except ValueError:
+            raise ApiError(400, "INVALID_ARG_TOPIC_PARTITION_NUM") from None
+        if not 0 <= pid < MAX_PARTITION_NUM and pid != OLD_VERSION_PID:
+            raise ApiError(400, "INVALID_ARG_TOPIC_PARTITION_NUM")
+        self._require_leader()
+        topic = self.cluster.topics.get(name)
+        if topic is None or pid not in topic.partitions:
+            raise ApiError(400, KEY_NOT_FOUND)
+        try:
+            self.cluster.move_partition_now(
+                name,
+                pid,
+                move_leader=request.arg("move_leader") == "true",
+                from_node=self._node_ref(request.arg("move_from")),
+                to_node=self._node_ref(request.arg("move_to")),
+            )
+        except ClusterError as exc:
+            raise ApiError(400, str(exc)) from None
+
+    def _node_ref(self, text: str | None) -> int | None:
+        """An nsqd named by distributed id, ``host:tcp_port`` or number; -1 when unknown."""
+        if not text:
+            return None
+        for node in self.cluster.nodes:
+            if text in (_distributed_id(node), node.tcp_address, str(node.index)):
+                return node.index
+        return -1
+
+    def _channel_create(self, request: Request) -> None:
+        """nsqlookupd doCreateChannel: registers a channel of a topic whose channel
+        auto-creation is disabled (consumers may then subscribe to it)."""
+        name, channel = self._topic_channel_args(request)
+        topic = self.cluster.topics.get(name)
+        if topic is None:
+            raise ApiError(400, KEY_NOT_FOUND)
+        if not topic.disable_channel_auto_create:
+            raise ApiError(400, f"channel auto create NOT disabled in topic {name}")
+        if channel in topic.channel_names:
+            raise ApiError(400, f"channel {channel} already registered")
+        if not self.is_leader:
+            raise ApiError(400, NOT_LOOKUP_LEADER)
         self.cluster.create_channel_now(name, channel)
-        return Response(200, b"", content_type="application/json; charset=utf-8")
 
     def _disable_write(self, request: Request) -> None:
         self._require_leader()
