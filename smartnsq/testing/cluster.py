@@ -353,7 +353,9 @@ class Cluster:
                 self._node(member)
 
     async def create_channel(self, topic: str, channel: str) -> None:
-        """Register a channel on every partition (nsqlookupd ``/channel/create``)."""
+        """Create a channel on every partition, as consumers' SUBs (or nsqd ``/channel/create``
+        on each leader) do. nsqlookupd ``/channel/create`` uses it to register a channel of a
+        topic whose channel auto-creation is disabled."""
         self.create_channel_now(topic, channel)
         await asyncio.sleep(0)
 

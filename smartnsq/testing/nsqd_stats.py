@@ -84,6 +84,7 @@ def youzan_stats(node: NsqdNode, query: StatsQuery) -> dict[str, Any]:
     held.sort(key=lambda p: f"{p.topic.name}-{p.id}")  # nsqd sorts by full name
     topics = []
     for partition in held:
+        # nsqd reports "not write-disabled": a leader without its replica quorum is disabled
         is_leader = partition.leader == node.index and partition.writable
         if query.leader_only and not is_leader:
             continue

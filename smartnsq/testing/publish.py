@@ -24,10 +24,12 @@ __all__ = [
     "TAG_KEY",
     "PublishError",
     "append_message",
+    "check_leader",
     "check_writable",
     "default_partition",
     "go_atoi",
     "go_json",
+    "header_trace_id",
     "parse_trace_id",
     "resolve_partition",
     "split_binary",
@@ -92,6 +94,7 @@ def resolve_partition(
 
 
 def check_leader(partition: Partition, node_index: int) -> None:
+    """Only the partition leader accepts writes (and channel creations)."""
     if partition.leader != node_index:
         raise PublishError(NOT_LEADER)
 

@@ -268,6 +268,15 @@ async def test_delete_topic(youzan: Cluster) -> None:
     assert youzan.topology("ptest")[0]["replicas"] != []
 
 
+async def test_delete_topic_python_api(youzan: Cluster) -> None:
+    await youzan.delete_topic("p3")
+    assert "p3" not in youzan.topics
+    with pytest.raises(ClusterError):
+        await youzan.delete_topic("p3")
+    stats = (await _call(youzan, "/cluster/stats")).json()
+    assert stats["stable"] is True
+
+
 # --------------------------------------------------------------------------- channel create
 
 
