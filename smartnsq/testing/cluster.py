@@ -13,6 +13,7 @@ import logging
 import socket
 import ssl
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -97,6 +98,8 @@ class Cluster:
         self.topics: dict[str, Topic] = {}
         self._partitions_by_log: dict[int, Partition] = {}
         self._records: dict[tuple[str, str], ChannelRecord] = {}
+        # log index each channel started at (classic nsqd counts a channel's messages from it)
+        self._channel_starts: weakref.WeakKeyDictionary[Channel, int] = weakref.WeakKeyDictionary()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._failovers: dict[tuple[str, int], asyncio.TimerHandle] = {}
         self._changed: asyncio.Event | None = None
@@ -353,7 +356,9 @@ class Cluster:
                 self._node(member)
 
     async def create_channel(self, topic: str, channel: str) -> None:
-        """Register a channel on every partition (nsqlookupd ``/channel/create``)."""
+        """Create a channel on every partition, as consumers' SUBs (or nsqd ``/channel/create``
+        on each leader) do. nsqlookupd ``/channel/create`` uses it to register a channel of a
+        topic whose channel auto-creation is disabled."""
         self.create_channel_now(topic, channel)
         await asyncio.sleep(0)
 
@@ -389,8 +394,13 @@ class Cluster:
             if name not in partition.topic.channel_names:
                 partition.topic.channel_names.append(name)
         log_.channels[name] = channel
+        self._channel_starts[channel] = start
         self.changed()
         return channel
+
+    def channel_start(self, channel: Channel) -> int:
+        """The log index a channel started at (its first message, classic; end, youzan)."""
+        return self._channel_starts.get(channel, 0)
 
     def client_left(self, channel: Channel) -> None:
         if channel.name.endswith("#ephemeral") and not channel.clients:
@@ -444,6 +454,16 @@ class Cluster:
     def leader(self, topic: str, partition: int) -> int | None:
         return self._partition(topic, partition).leader
 
+    def is_stable(self) -> bool:
+        """Every partition has a live leader taking writes and no failover is pending."""
+        if self._failovers:
+            return False
+        return all(
+            p.leader is not None and self.nodes[p.leader].running and p.writable
+            for t in self.topics.values()
+            for p in t.partitions.values()
+        )
+
     # ------------------------------------------------------------------ leadership
 
     def _quorum(self, partition: Partition) -> int:
@@ -482,20 +502,99 @@ class Cluster:
         """Move a partition's leadership to ``to_node`` (added as a replica if it is not one).
         The old leader keeps the partition as a replica: its producer connections stay open
         and answer E_FAILED_ON_NOT_LEADER; its consumer connections are closed; unfinished
-        messages are redelivered by the new leader (same id, attempts from 1)."""
+        messages are redelivered by the new leader (same id, attempts from 1). Moving to the
+        current leader does nothing. Same implementation as nsqlookupd
+        ``/topic/partition/move?move_leader=true``."""
         self.move_leader_now(topic, partition, to_node)
         await asyncio.sleep(0)
 
     def move_leader_now(self, topic: str, partition: int, to_node: int) -> None:
+        if self._partition(topic, partition).leader == to_node:
+            return
+        self.move_partition_now(topic, partition, move_leader=True, to_node=to_node)
+
+    def move_partition_now(
+        self,
+        topic: str,
+        partition: int,
+        *,
+        move_leader: bool,
+        from_node: int | None = None,
+        to_node: int | None = None,
+    ) -> int:
+        """nsqlookupd ``/topic/partition/move``: move the leadership (``move_leader``) or a
+        replica's data from ``from_node`` to ``to_node``, checked like the real lookupd (its
+        error strings). Returns the destination node.
+
+        ``from_node`` defaults to the leader when moving the leadership; ``to_node`` to the
+        next live replica after the leader (else a live node not holding the partition).
+        Node numbers that are not live nodes count as unknown to the cluster."""
         part = self._partition(topic, partition)
-        node = self._node(to_node)
-        if not node.running:
-            raise ClusterError(f"node {to_node} is stopped")
+        live = {n.index for n in self.nodes if n.running}
+        if from_node is None and move_leader:
+            from_node = part.leader
+        if to_node is None:
+            to_node = self._default_move_target(part, live, from_node, replica=move_leader)
+        if from_node == to_node:
+            raise ClusterError("move to and from node can not be the same")
+        if move_leader and from_node != part.leader:
+            raise ClusterError("move from not the topic leader")
+        if not move_leader:
+            if from_node == part.leader:
+                raise ClusterError("can not move leader without moveleader param")
+            if from_node not in part.replicas:
+                raise ClusterError("the move source node has no replica for the topic")
+            if to_node in part.replicas:
+                raise ClusterError("the move destination has the topic data already")
+        if to_node not in live:
+            raise ClusterError("the move destination is not found in cluster")
+        if from_node not in live:
+            raise ClusterError("the move source data is lost in cluster")
+        if not move_leader:
+            part.replicas[part.replicas.index(from_node)] = to_node
+            self._update_writable(part)
+            self.changed()
+            return to_node
         if to_node not in part.replicas:
             part.replicas.append(to_node)
-        if part.leader == to_node:
-            return
         self._set_leader(part, to_node)
+        return to_node
+
+    def _default_move_target(
+        self, part: Partition, live: set[int], from_node: int | None, *, replica: bool
+    ) -> int:
+        """Leadership goes to the next live replica; replica data to a node without it."""
+        replicas = part.replicas
+        if replica:
+            start = replicas.index(part.leader) if part.leader in replicas else -1
+            for k in range(1, len(replicas) + 1):
+                candidate = replicas[(start + k) % len(replicas)]
+                if candidate not in (part.leader, from_node) and candidate in live:
+                    return candidate
+        for node in sorted(live):
+            if node not in replicas:
+                return node
+        raise ClusterError("no live node to move the partition to")
+
+    async def delete_topic(self, name: str) -> None:
+        """Delete a topic and all its partitions (nsqlookupd ``/topic/delete?partition=**``).
+        Consumers are disconnected; later publishes get E_TOPIC_NOT_EXIST."""
+        self.delete_topic_now(name)
+        await asyncio.sleep(0)
+
+    def delete_topic_now(self, name: str) -> None:
+        topic = self._topic(name)
+        for part in topic.partitions.values():
+            pending = self._failovers.pop((name, part.id), None)
+            if pending is not None:
+                pending.cancel()
+            for node in self.nodes:
+                node.detach_consumers(part.log)
+            for channel in part.log.channels.values():
+                channel.serving = False
+            self._partitions_by_log.pop(id(part.log), None)
+        del self.topics[name]
+        self.changed()
 
     async def set_writable(self, topic: str, partition: int, writable: bool) -> None:
         """Make a partition refuse writes (E_FAILED_ON_NOT_WRITABLE) or take them again."""

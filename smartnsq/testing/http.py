@@ -7,6 +7,8 @@ Only what the NSQ APIs need: request line, headers, ``Content-Length`` bodies, k
 from __future__ import annotations
 
 import asyncio
+import enum
+import inspect
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -18,10 +20,15 @@ __all__ = [
     "V1_ACCEPT",
     "ApiError",
     "HttpServer",
+    "Mode",
     "Request",
     "Response",
+    "Route",
     "api_response",
+    "dispatch",
     "json_response",
+    "respond",
+    "respond_error",
     "text_response",
 ]
 
@@ -73,12 +80,16 @@ class Response:
 
 
 class ApiError(Exception):
-    """Raised by handlers to answer with an NSQ API error (status + message)."""
+    """Raised by handlers to answer with an NSQ API error (status + message).
 
-    def __init__(self, status: int, message: str) -> None:
+    ``always_v1``: answered in the v1 format whatever the endpoint's mode (the servers'
+    panic, not-found and method-not-allowed handlers)."""
+
+    def __init__(self, status: int, message: str, *, always_v1: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.always_v1 = always_v1
 
 
 def _dumps(data: Any) -> bytes:
@@ -109,8 +120,81 @@ def api_error(request: Request, error: ApiError, *, negotiate: bool = True) -> R
     """Errors: v1 mode keeps the status and answers ``{"message":...}``; the legacy envelope
     always answers HTTP 500."""
     if not negotiate or request.wants_v1:
-        return json_response({"message": error.message}, error.status, v1_header=True)
+        return v1_error(error)
     return json_response({"status_code": 500, "status_txt": error.message, "data": None}, 500)
+
+
+def v1_error(error: ApiError) -> Response:
+    # The servers format this body with Sprintf, not a JSON encoder: a message holding a quote
+    # gives invalid JSON there too, so clients must cope with it.
+    body = ('{"message":"%s"}' % error.message).encode()  # noqa: UP031
+    return Response(error.status, body, [V1_CONTENT_TYPE_HEADER], _JSON)
+
+
+class Mode(enum.Enum):
+    """How an endpoint answers (the servers' ``http_api`` decorators)."""
+
+    PLAIN = "plain"  # text body, the error text with its status
+    NEGOTIATE = "negotiate"  # v1 with the exact Accept header, else the legacy envelope
+    V1 = "v1"  # always v1
+
+
+def respond(request: Request, data: Any, mode: Mode) -> Response:
+    """A success answer. Text (str/bytes) is sent as is in every mode, JSON otherwise; None is
+    an empty v1 body."""
+    if mode is Mode.PLAIN:
+        return text_response(data if isinstance(data, (str, bytes)) else str(data))
+    v1 = mode is Mode.V1 or request.wants_v1
+    if isinstance(data, (str, bytes)):
+        response = text_response(data)
+        if v1:
+            response.headers.append(V1_CONTENT_TYPE_HEADER)
+        return response
+    if v1:
+        if data is None:
+            return Response(200, b"", [V1_CONTENT_TYPE_HEADER])
+        return json_response(data, v1_header=True)
+    return json_response({"status_code": 200, "status_txt": "OK", "data": data})
+
+
+def respond_error(request: Request, error: ApiError, mode: Mode) -> Response:
+    if error.always_v1:
+        return v1_error(error)
+    if mode is Mode.PLAIN:
+        return text_response(error.message, error.status)
+    return api_error(request, error, negotiate=mode is Mode.NEGOTIATE)
+
+
+RouteHandler = Callable[[Request], Any]
+
+
+@dataclass(frozen=True)
+class Route:
+    """An endpoint: accepted methods, handler (sync or async, returns data or a Response) and
+    answer mode."""
+
+    methods: tuple[str, ...]
+    handler: RouteHandler
+    mode: Mode
+
+
+async def dispatch(routes: Mapping[str, Route], request: Request) -> Response:
+    """Route a request like the servers' httprouter: unknown paths answer 404 and wrong methods
+    405, both always in the v1 format."""
+    route = routes.get(request.path)
+    if route is None:
+        return v1_error(ApiError(404, "NOT_FOUND"))
+    if request.method not in route.methods:
+        return v1_error(ApiError(405, "METHOD_NOT_ALLOWED"))
+    try:
+        data = route.handler(request)
+        if inspect.isawaitable(data):
+            data = await data
+    except ApiError as exc:
+        return respond_error(request, exc, route.mode)
+    if isinstance(data, Response):
+        return data
+    return respond(request, data, route.mode)
 
 
 Handler = Callable[[Request], Awaitable[Response]]

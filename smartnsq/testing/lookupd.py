@@ -1,8 +1,33 @@
-"""Emulated nsqlookupd HTTP API, youzan HA flavour or classic (PROTOCOL.md section 8).
+"""Emulated nsqlookupd HTTP API, youzan HA flavour or classic nsqlookupd 1.3 (PROTOCOL.md
+section 8).
 
 Every lookupd of a cluster answers from the shared cluster state (real lookupds converge
 through etcd); a lookupd can be *frozen* to keep answering from a snapshot, which is how tests
 make lookupds disagree.
+
+Registrations follow the youzan nsqd: a partition leader registers the partition (and its
+channels) only while it can take writes. So a partition without a writable leader is missing
+from write lookups and its channels from every answer, while read lookups still name its
+current leader (nsqlookupd fills missing partitions from the coordinator for consumers);
+``leader_change_*`` recordings show exactly this.
+
+youzan operator endpoints (v1, on the leader lookupd), beside ``/topic/create`` and
+``/disable/write``:
+
+* ``POST /topic/partition/move?topic=&partition=&move_leader=true[&move_from=][&move_to=]``:
+  the same implementation as :meth:`Cluster.move_leader`. ``move_from``/``move_to`` name nsqd
+  nodes by their ``distributed_id`` (as lookups report it, the real servers' node id), by
+  ``host:tcp_port`` or by node number. ``move_from`` defaults to the leader, ``move_to`` to
+  the next live replica. Without ``move_leader=true`` a replica's data moves from
+  ``move_from`` to ``move_to``. The answer comes once the move is done.
+* ``POST /topic/delete?topic=&partition=**``.
+* ``POST /channel/create?topic=&channel=``: registers a channel of a topic created with
+  ``disable_channel_auto_create=true``.
+* ``GET /cluster/stats``: ``{"stable", "node_stat_list": [{"hostname", "broadcast_address",
+  "tcp_port", "http_port", "leader_load_factor", "node_load_factor"}], "topn_topics": []}``
+  as the real lookupd; the emulated load factors are the numbers of partitions a node leads
+  (writably) and holds. ``stable``: every partition has a live, writable leader and no
+  failover is pending.
 """
 
 from __future__ import annotations
@@ -13,20 +38,32 @@ from typing import TYPE_CHECKING, Any
 from smartnsq.testing.http import (
     ApiError,
     HttpServer,
+    Mode,
     Request,
     Response,
-    api_response,
-    text_response,
+    Route,
+    dispatch,
+    respond,
 )
-from smartnsq.testing.nsqd import CLASSIC_VERSION, YOUZAN_VERSION, NsqdNode, _valid_name
+from smartnsq.testing.nsqd import CLASSIC_VERSION, YOUZAN_VERSION, NsqdNode
+from smartnsq.testing.publish import go_atoi, valid_name
 
 if TYPE_CHECKING:
     from smartnsq.testing.cluster import Cluster
+    from smartnsq.testing.state import Partition, Topic
 
 __all__ = ["LookupdNode"]
 
 NO_CHANNEL = "Topic has no channel, should init at least one for the new topic"
+KEY_NOT_FOUND = "Key not found"
+NOT_LEADER = "E_FAILED_ON_NOT_LEADER"
+# the coordinator's ErrNotNsqLookupLeader, which some operator endpoints answer instead
+NOT_LOOKUP_LEADER = "Not nsqlookup leader"
+MAX_PARTITION_NUM = 255
+OLD_VERSION_PID = -11  # the partition id nsqlookupd accepts for pre-HA nsqd nodes
 HOSTNAME = socket.gethostname()
+_GET = ("GET",)
+_POST = ("POST",)
 
 
 def _reserve_port(host: str) -> socket.socket:
@@ -46,6 +83,32 @@ class LookupdNode:
         self._reserved: list[socket.socket] = []
         self.tcp_port = 0
         self.rpc_port = 0
+        if cluster.classic:
+            # nsqlookupd 1.x answers every endpoint in the v1 format
+            self.routes = {
+                "/ping": Route(_GET, self._ping, Mode.PLAIN),
+                "/info": Route(_GET, self._info, Mode.V1),
+                "/lookup": Route(_GET, self._classic_lookup, Mode.V1),
+                "/topics": Route(_GET, self._topics, Mode.V1),
+                "/channels": Route(_GET, self._channels, Mode.V1),
+                "/nodes": Route(_GET, self._nodes, Mode.V1),
+            }
+        else:
+            self.routes = {
+                "/ping": Route(_GET, self._ping, Mode.PLAIN),
+                "/info": Route(_GET, self._info, Mode.NEGOTIATE),
+                "/lookup": Route(_GET, self._lookup, Mode.NEGOTIATE),
+                "/listlookup": Route(_GET, self._listlookup, Mode.NEGOTIATE),
+                "/topics": Route(_GET, self._topics, Mode.NEGOTIATE),
+                "/channels": Route(_GET, self._channels, Mode.NEGOTIATE),
+                "/nodes": Route(_GET, self._nodes, Mode.NEGOTIATE),
+                "/cluster/stats": Route(_GET, self._cluster_stats, Mode.V1),
+                "/topic/create": Route(("POST", "PUT"), self._topic_create, Mode.V1),
+                "/topic/delete": Route(_POST, self._topic_delete, Mode.V1),
+                "/topic/partition/move": Route(_POST, self._partition_move, Mode.V1),
+                "/channel/create": Route(_POST, self._channel_create, Mode.V1),
+                "/disable/write": Route(_POST, self._disable_write, Mode.V1),
+            }
 
     @property
     def url(self) -> str:
@@ -91,38 +154,21 @@ class LookupdNode:
     # ------------------------------------------------------------------ routing
 
     async def handle(self, request: Request) -> Response:
-        cluster = self.cluster
-        path = request.path
-        if path == "/ping":
-            return text_response("OK")
-        if self.frozen is not None and request.method == "GET":
-            key = (path, request.arg("topic") or "", request.arg("access") or "r")
+        if self.frozen is not None and request.method == "GET" and request.path != "/ping":
+            key = (request.path, request.arg("topic") or "", request.arg("access") or "r")
             snap = self.frozen.get(key)
             if snap is not None:
                 status, data = snap
+                mode = self.routes[request.path].mode
                 if status != 200:
-                    raise ApiError(status, data)
-                return api_response(request, data)
-        routes = self._classic_routes if cluster.classic else self._youzan_routes
-        route = routes.get(path)
-        if route is None:
-            raise ApiError(404, "NOT_FOUND")
-        method, fn, negotiate = route
-        if request.method not in method:
-            raise ApiError(405, "METHOD_NOT_ALLOWED")
-        try:
-            data = fn(self, request)
-        except ApiError as exc:
-            if not negotiate:
-                return _v1_error(exc)
-            raise
-        if isinstance(data, Response):
-            return data
-        return api_response(request, data, negotiate=negotiate)
+                    return await dispatch({request.path: _raising(status, data, mode)}, request)
+                return respond(request, data, mode)
+        return await dispatch(self.routes, request)
 
     def snapshot(self, topics: list[str]) -> None:
         """Freeze: keep answering lookups for ``topics`` as they are now."""
         frozen: dict[tuple[str, str, str], tuple[int, Any]] = {}
+        lookup = self.routes["/lookup"].handler
         for topic in topics:
             for access in ("r", "w"):
                 fake = Request(
@@ -132,12 +178,15 @@ class LookupdNode:
                     {},
                 )
                 try:
-                    frozen[("/lookup", topic, access)] = (200, self._lookup(fake))
+                    frozen[("/lookup", topic, access)] = (200, lookup(fake))
                 except ApiError as exc:
                     frozen[("/lookup", topic, access)] = (exc.status, exc.message)
         self.frozen = frozen
 
     # ------------------------------------------------------------------ shared
+
+    def _ping(self, request: Request) -> str:
+        return "OK"
 
     def _info(self, request: Request) -> dict[str, Any]:
         if self.cluster.classic:
@@ -150,7 +199,37 @@ class LookupdNode:
             raise ApiError(400, "MISSING_ARG_TOPIC")
         return topic
 
-    # ------------------------------------------------------------------ youzan
+    def _topic_channel_args(self, request: Request) -> tuple[str, str]:
+        """http_api.GetTopicChannelArgs."""
+        topic = self._topic_arg(request)
+        if not valid_name(topic):
+            raise ApiError(400, "INVALID_ARG_TOPIC")
+        channel = request.arg("channel")
+        if not channel:
+            raise ApiError(400, "MISSING_ARG_CHANNEL")
+        if not valid_name(channel):
+            raise ApiError(400, "INVALID_ARG_CHANNEL")
+        return topic, channel
+
+    # ------------------------------------------------------------------ youzan registrations
+
+    def _registered(self, partition: Partition) -> bool:
+        """A partition's leader registers it while the partition takes writes."""
+        leader = partition.leader
+        return leader is not None and self.cluster.nodes[leader].running and partition.writable
+
+    def _consumable(self, partition: Partition) -> bool:
+        """Read lookups also name a leader that cannot take writes (nsqlookupd's
+        tryFindRegsForConsumer), as long as it is connected."""
+        leader = partition.leader
+        return leader is not None and self.cluster.nodes[leader].running
+
+    def _registered_channels(self, topic: Topic, partition: str = "*") -> list[str]:
+        present: set[str] = set()
+        for pid, part in topic.partitions.items():
+            if (partition == "*" or partition == str(pid)) and self._registered(part):
+                present.update(part.log.channels)
+        return [name for name in topic.channel_names if name in present]
 
     def _peer(self, node: NsqdNode) -> dict[str, Any]:
         host = self.cluster.host
@@ -163,61 +242,61 @@ class LookupdNode:
             "tcp_port": node.tcp_port,
             "http_port": node.http_port,
             "version": YOUZAN_VERSION,
-            "distributed_id": f"{host}:{node.tcp_port + 2}:{node.tcp_port}:{node.index}",
+            "distributed_id": _distributed_id(node),
         }
 
+    # ------------------------------------------------------------------ youzan reads
+
     def _lookup(self, request: Request) -> dict[str, Any]:
+        """nsqlookupd doLookup, over the registration model described in the module doc."""
         cluster = self.cluster
         name = self._topic_arg(request)
-        access = request.arg("access", "r")
+        only = request.arg("partition") or "*"
+        access = request.arg("access") or "r"
         if access not in ("r", "w"):
             raise ApiError(400, "INVALID_ACCESS_MODE")
-        metainfo = bool(request.arg("metainfo"))
-        only = request.arg("partition", "*")
-        if only != "*":
-            try:
-                only_id: int | None = int(only or "")
-            except ValueError:
-                raise ApiError(400, "INVALID_ARG_TOPIC_PARTITION") from None
-        else:
-            only_id = None
         topic = cluster.topics.get(name)
         if topic is None:
             if access == "w":
-                raise ApiError(404, "Key not found")
+                # nothing registered: the coordinator (etcd) does not know the topic either
+                raise ApiError(404, KEY_NOT_FOUND)
             return {"channels": [], "partitions": {}, "producers": []}
-        write_disabled = cluster.write_disabled == "all" or (
-            cluster.write_disabled == "ordered" and topic.ordered
-        )
+        selected = [p for pid, p in sorted(topic.partitions.items()) if only in ("*", str(pid))]
+        registered = [p for p in selected if self._registered(p)]
+        # readers also get leaders that cannot take writes
+        consumable = [p for p in selected if self._consumable(p)]
+        serving = consumable if access == "r" else registered
         partitions: dict[str, Any] = {}
         producers: list[dict[str, Any]] = []
         seen: set[int] = set()
         dropped_for_channels = False
-        for pid in sorted(topic.partitions):
-            if only_id is not None and pid != only_id:
+        for part in serving:
+            node = cluster.nodes[part.leader] if part.leader is not None else None
+            if node is None:
                 continue
-            partition = topic.partitions[pid]
-            leader = partition.leader
-            if leader is None or not cluster.nodes[leader].running:
+            if access == "w" and not part.log.channels and not cluster.allow_write_with_no_channels:
+                dropped_for_channels = True
                 continue
-            if access == "w":
-                if write_disabled or not partition.writable:
-                    continue
-                if not partition.log.channels and not cluster.allow_write_with_no_channels:
-                    dropped_for_channels = True
-                    continue
-            node = cluster.nodes[leader]
-            partitions[str(pid)] = self._peer(node)
-            if leader not in seen:
-                seen.add(leader)
+            partitions[str(part.id)] = self._peer(node)
+            if node.index not in seen:
+                seen.add(node.index)
                 producers.append(self._peer(node))
-        if access == "w" and dropped_for_channels and not partitions:
+        if registered and dropped_for_channels and not partitions and not producers:
             raise ApiError(404, NO_CHANNEL)
-        answer: dict[str, Any] = {"channels": list(topic.channel_names)}
-        if metainfo or (write_disabled and cluster.write_disabled == "ordered"):
+        answer: dict[str, Any] = {"channels": self._registered_channels(topic, only)}
+        need_meta = bool(request.arg("metainfo"))
+        withheld = False  # writes disabled: nsqlookupd answers Go nils (JSON null)
+        if access == "w":
+            if cluster.write_disabled == "all":
+                withheld = True
+            elif cluster.write_disabled == "ordered":
+                need_meta = True
+                withheld = topic.ordered
+        if need_meta:
             answer["meta"] = topic.meta()
-        answer["partitions"] = partitions
-        answer["producers"] = producers
+        # Go marshals map keys sorted as strings ("10" before "2")
+        answer["partitions"] = None if withheld else dict(sorted(partitions.items()))
+        answer["producers"] = None if withheld else producers
         return answer
 
     def _listlookup(self, request: Request) -> Any:
@@ -233,7 +312,11 @@ class LookupdNode:
         if cluster.classic:
             names = list(dict.fromkeys(n for node in cluster.nodes for n in node.classic_topics))
             return {"topics": names}
-        answer: dict[str, Any] = {"topics": list(cluster.topics)}
+        # topics some node registered
+        topics = [
+            t for t in cluster.topics.values() if any(map(self._registered, t.partitions.values()))
+        ]
+        answer: dict[str, Any] = {"topics": [t.name for t in topics]}
         if request.arg("metaInfo") == "true":
             answer["meta_info"] = [
                 {
@@ -244,7 +327,7 @@ class LookupdNode:
                     "disable_channel_auto_create": t.disable_channel_auto_create,
                     "registered_channels": list(t.channel_names),
                 }
-                for t in cluster.topics.values()
+                for t in topics
             ]
         return answer
 
@@ -255,20 +338,13 @@ class LookupdNode:
             channels: list[str] = []
             for node in cluster.nodes:
                 log_ = node.classic_topics.get(name)
-                if log_ is not None:
+                if log_ is not None and node.running:
                     channels += [c for c in log_.channels if c not in channels]
             return {"channels": channels}
         topic = cluster.topics.get(name)
         if topic is None:
             return {"channels": []}
-        partition = request.arg("partition")
-        if partition is not None and partition != "*":
-            try:
-                part = topic.partitions.get(int(partition))
-            except ValueError:
-                raise ApiError(400, "INVALID_ARG_TOPIC_PARTITION") from None
-            return {"channels": list(part.log.channels) if part else []}
-        return {"channels": list(topic.channel_names)}
+        return {"channels": self._registered_channels(topic, request.arg("partition") or "*")}
 
     def _nodes(self, request: Request) -> dict[str, Any]:
         cluster = self.cluster
@@ -280,12 +356,7 @@ class LookupdNode:
                 topics = list(node.classic_topics)
                 producers.append(
                     {
-                        "remote_address": f"{cluster.host}:{node.registration_port}",
-                        "hostname": HOSTNAME,
-                        "broadcast_address": cluster.host,
-                        "tcp_port": node.tcp_port,
-                        "http_port": node.http_port,
-                        "version": CLASSIC_VERSION,
+                        **self._classic_peer(node),
                         "tombstones": [False] * len(topics),
                         "topics": topics,
                     }
@@ -293,64 +364,155 @@ class LookupdNode:
                 continue
             led: dict[str, list[str]] = {}
             for topic in cluster.topics.values():
-                ids = [str(p.id) for p in topic.partitions.values() if p.leader == node.index]
+                ids = [
+                    str(p.id)
+                    for p in topic.partitions.values()
+                    if p.leader == node.index and self._registered(p)
+                ]
                 if ids:
                     led[topic.name] = ids
             peer = self._peer(node)
             del peer["id"], peer["distributed_id"]
             peer["tombstones"] = [False] * len(led)
             peer["topics"] = list(led)
-            peer["partitions"] = led
+            peer["partitions"] = dict(sorted(led.items()))  # Go marshals map keys sorted
             producers.append(peer)
         return {"producers": producers}
 
+    # ------------------------------------------------------------------ youzan operator
+
     def _require_leader(self) -> None:
         if not self.is_leader:
-            raise ApiError(400, "E_FAILED_ON_NOT_LEADER")
+            raise ApiError(400, NOT_LEADER)
 
-    def _topic_create(self, request: Request) -> Response:
+    def _cluster_stats(self, request: Request) -> dict[str, Any]:
         self._require_leader()
+        cluster = self.cluster
+        partitions = [p for t in cluster.topics.values() for p in t.partitions.values()]
+        stats = []
+        for node in cluster.nodes:
+            if not node.running:
+                continue
+            led = sum(1 for p in partitions if p.leader == node.index and self._registered(p))
+            held = sum(1 for p in partitions if node.index in p.replicas)
+            stats.append(
+                {
+                    "hostname": HOSTNAME,
+                    "broadcast_address": cluster.host,
+                    "tcp_port": node.tcp_port,
+                    "http_port": node.http_port,
+                    # Go prints a whole float64 without a fraction: 2, not 2.0
+                    "leader_load_factor": led,
+                    "node_load_factor": held,
+                }
+            )
+        return {
+            "stable": cluster.is_stable(),
+            "node_stat_list": stats,
+            "topn_topics": [],
+        }
+
+    def _topic_create(self, request: Request) -> None:
+        """nsqlookupd doCreateTopic: every argument is checked before the leadership."""
         name = self._topic_arg(request)
-        if not _valid_name(name):
+        if not valid_name(name):
             raise ApiError(400, "INVALID_ARG_TOPIC")
         partition_num = _int_arg(request, "partition_num", "TOPIC_PARTITION_NUM", 1, 255)
         replicator = _int_arg(request, "replicator", "TOPIC_REPLICATOR", 1, 5)
-        if request.arg("suggestload") is not None:
+        if request.arg("suggestload"):
             _int_arg(request, "suggestload", "TOPIC_LOAD_FACTOR", 0, 10000)
-        ordered = request.arg("orderedmulti") == "true"
-        multi_part = request.arg("multipart") == "true"
-        ext = request.arg("extend") == "true"
-        no_auto = request.arg("disable_channel_auto_create") == "true"
+        if request.arg("syncdisk"):
+            _int_arg(request, "syncdisk", "TOPIC_SYNC_DISK", -(2**63), 2**63 - 1)
+        retention = request.arg("retention")
+        if retention:
+            try:
+                go_atoi(retention)
+            except ValueError as exc:
+                raise ApiError(400, str(exc)) from None
+        self._require_leader()
         self.cluster.create_topic_now(
             name,
             partitions=partition_num,
             replicas=replicator,
-            ordered=ordered,
-            ext=ext,
-            multi_part=multi_part,
-            disable_channel_auto_create=no_auto,
+            ordered=request.arg("orderedmulti") == "true",
+            ext=request.arg("extend") == "true",
+            multi_part=request.arg("multipart") == "true",
+            disable_channel_auto_create=request.arg("disable_channel_auto_create") == "true",
             strict_placement=True,
         )
-        return Response(200, b"", content_type="application/json; charset=utf-8")
 
-    def _disable_write(self, request: Request) -> Response:
-        self._require_leader()
-        kind = request.arg("type", "")
-        self.cluster.write_disabled = kind if kind in ("all", "ordered") else ""
-        return Response(200, b"", content_type="application/json; charset=utf-8")
-
-    def _channel_create(self, request: Request) -> Response:
-        self._require_leader()
+    def _topic_delete(self, request: Request) -> None:
+        """nsqlookupd doDeleteTopic: only ``partition=**``; the coordinator refuses on a
+        non-leader lookupd (500 "Not nsqlookup leader") and for an unknown topic."""
         name = self._topic_arg(request)
-        channel = request.arg("channel")
-        if not channel:
-            raise ApiError(400, "MISSING_ARG_CHANNEL")
-        if not _valid_name(channel):
-            raise ApiError(400, "INVALID_ARG_CHANNEL")
+        partition = request.arg("partition")
+        if not partition:
+            raise ApiError(400, "MISSING_ARG_TOPIC_PARTITION")
+        if partition != "**":
+            raise ApiError(400, "REMOVE_SINGLE_PARTITION_NOT_ALLOWED")
+        if not self.is_leader:
+            raise ApiError(500, NOT_LOOKUP_LEADER)
         if name not in self.cluster.topics:
-            raise ApiError(404, "TOPIC_NOT_FOUND")
+            raise ApiError(500, "Topic not exist")
+        self.cluster.delete_topic_now(name)
+
+    def _partition_move(self, request: Request) -> None:
+        """nsqlookupd doMoveTopicParition, one implementation with Cluster.move_leader."""
+        from smartnsq.testing.cluster import ClusterError
+
+        name = self._topic_arg(request)
+        text = request.arg("partition")
+        if not text:
+            raise ApiError(400, "MISSING_ARG_TOPIC_PARTITION")
+        try:
+            pid = go_atoi(text)
+        except ValueError:
+            raise ApiError(400, "INVALID_ARG_TOPIC_PARTITION_NUM") from None
+        if not 0 <= pid < MAX_PARTITION_NUM and pid != OLD_VERSION_PID:
+            raise ApiError(400, "INVALID_ARG_TOPIC_PARTITION_NUM")
+        self._require_leader()
+        topic = self.cluster.topics.get(name)
+        if topic is None or pid not in topic.partitions:
+            raise ApiError(400, KEY_NOT_FOUND)
+        try:
+            self.cluster.move_partition_now(
+                name,
+                pid,
+                move_leader=request.arg("move_leader") == "true",
+                from_node=self._node_ref(request.arg("move_from")),
+                to_node=self._node_ref(request.arg("move_to")),
+            )
+        except ClusterError as exc:
+            raise ApiError(400, str(exc)) from None
+
+    def _node_ref(self, text: str | None) -> int | None:
+        """An nsqd named by distributed id, ``host:tcp_port`` or number; -1 when unknown."""
+        if not text:
+            return None
+        for node in self.cluster.nodes:
+            if text in (_distributed_id(node), node.tcp_address, str(node.index)):
+                return node.index
+        return -1
+
+    def _channel_create(self, request: Request) -> None:
+        """nsqlookupd doCreateChannel: registers a channel of a topic whose channel
+        auto-creation is disabled (consumers may then subscribe to it)."""
+        name, channel = self._topic_channel_args(request)
+        topic = self.cluster.topics.get(name)
+        if topic is None:
+            raise ApiError(400, KEY_NOT_FOUND)
+        if not topic.disable_channel_auto_create:
+            raise ApiError(400, f"channel auto create NOT disabled in topic {name}")
+        if channel in topic.channel_names:
+            raise ApiError(400, f"channel {channel} already registered")
+        if not self.is_leader:
+            raise ApiError(400, NOT_LOOKUP_LEADER)
         self.cluster.create_channel_now(name, channel)
-        return Response(200, b"", content_type="application/json; charset=utf-8")
+
+    def _disable_write(self, request: Request) -> None:
+        self._require_leader()
+        kind = request.arg("type") or ""
+        self.cluster.write_disabled = kind if kind in ("all", "ordered") else ""
 
     # ------------------------------------------------------------------ classic
 
@@ -379,46 +541,27 @@ class LookupdNode:
             raise ApiError(404, "TOPIC_NOT_FOUND")
         return {"channels": channels, "producers": producers}
 
-    _youzan_routes: dict[str, Any] = {}
-    _classic_routes: dict[str, Any] = {}
+
+def _distributed_id(node: NsqdNode) -> str:
+    # youzan's node id: broadcast address, RPC port, TCP port, configured node id
+    return f"{node.host}:{node.tcp_port + 2}:{node.tcp_port}:{node.index}"
+
+
+def _raising(status: int, message: str, mode: Mode) -> Route:
+    def handler(request: Request) -> None:
+        raise ApiError(status, message)
+
+    return Route(_GET, handler, mode)
 
 
 def _int_arg(request: Request, name: str, code: str, low: int, high: int) -> int:
     text = request.arg(name)
-    if text is None or text == "":
+    if not text:
         raise ApiError(400, f"MISSING_ARG_{code}")
     try:
-        value = int(text)
+        value = go_atoi(text)
     except ValueError:
         raise ApiError(400, f"INVALID_ARG_{code}") from None
     if not low <= value <= high:
         raise ApiError(400, f"INVALID_ARG_{code}")
     return value
-
-
-def _v1_error(error: ApiError) -> Response:
-    from smartnsq.testing.http import json_response
-
-    return json_response({"message": error.message}, error.status, v1_header=True)
-
-
-_GET = ("GET",)
-_POST = ("POST", "PUT")
-LookupdNode._youzan_routes = {
-    "/info": (_GET, LookupdNode._info, True),
-    "/lookup": (_GET, LookupdNode._lookup, True),
-    "/listlookup": (_GET, LookupdNode._listlookup, True),
-    "/topics": (_GET, LookupdNode._topics, True),
-    "/channels": (_GET, LookupdNode._channels, True),
-    "/nodes": (_GET, LookupdNode._nodes, True),
-    "/topic/create": (_POST, LookupdNode._topic_create, False),
-    "/disable/write": (_POST, LookupdNode._disable_write, False),
-    "/channel/create": (_POST, LookupdNode._channel_create, False),
-}
-LookupdNode._classic_routes = {
-    "/info": (_GET, LookupdNode._info, True),
-    "/lookup": (_GET, LookupdNode._classic_lookup, True),
-    "/topics": (_GET, LookupdNode._topics, True),
-    "/channels": (_GET, LookupdNode._channels, True),
-    "/nodes": (_GET, LookupdNode._nodes, True),
-}

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
@@ -16,21 +16,27 @@ CAPTURE = {
 }
 
 
+async def create_capture_topics(cluster: Cluster, channels: Sequence[str] = ("init",)) -> None:
+    """The captures' topics on a 4-node cluster: ptest 2x2, otest 4x2 ordered, etest 2x2 ext,
+    p3 3x1, r3test 1x3, placed as recorded, each with ``channels``."""
+    await cluster.create_topic("ptest", 2, 2, channels=channels, placement=CAPTURE["ptest"])
+    await cluster.create_topic(
+        "otest", 4, 2, ordered=True, channels=channels, placement=CAPTURE["otest"]
+    )
+    await cluster.create_topic(
+        "etest", 2, 2, ext=True, channels=channels, placement=CAPTURE["etest"]
+    )
+    await cluster.create_topic("p3", 3, 1, channels=channels, placement=CAPTURE["p3"])
+    await cluster.create_topic("r3test", 1, 3, channels=channels, placement=CAPTURE["r3test"])
+
+
 @pytest.fixture
 async def youzan() -> AsyncIterator[Cluster]:
     """The topology of the captures (topology_at_capture.json, nodes numbered from 0 here:
     the transcripts' nsqd2 is node 1): 4 nodes; ptest 2x2, otest 4x2 ordered, etest 2x2 ext,
     p3 3x1, r3test 1x3; every topic with the channel "init"."""
     async with Cluster(nodes=4) as cluster:
-        await cluster.create_topic("ptest", 2, 2, channels=["init"], placement=CAPTURE["ptest"])
-        await cluster.create_topic(
-            "otest", 4, 2, ordered=True, channels=["init"], placement=CAPTURE["otest"]
-        )
-        await cluster.create_topic(
-            "etest", 2, 2, ext=True, channels=["init"], placement=CAPTURE["etest"]
-        )
-        await cluster.create_topic("p3", 3, 1, channels=["init"], placement=CAPTURE["p3"])
-        await cluster.create_topic("r3test", 1, 3, channels=["init"], placement=CAPTURE["r3test"])
+        await create_capture_topics(cluster)
         yield cluster
 
 

@@ -67,7 +67,7 @@ def both(base: str) -> list[str]:
 def test_index_covers_every_fixture() -> None:
     files = {p.name for p in FIXTURES.glob("*.json")} - {"index.json"}
     assert files == set(index())
-    assert len(files) == 44
+    assert len(files) == 56
 
 
 # --------------------------------------------------------------------------- envelopes
