@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import functools
 import inspect
 import json
@@ -46,6 +47,8 @@ from smartnsq.protocol.message import MessageFrame, MessageLayout
 from smartnsq.protocol.responses import OK
 from smartnsq.protocol.validation import check_channel, check_partition, check_topic
 from smartnsq.retry import Backoff, is_retriable, needs_lookup_refresh
+from smartnsq.telemetry import Telemetry, server_attributes
+from smartnsq.tracelog import TRACE_LOGGER, log_consume
 from smartnsq.transport.connection import Compression, Connection, ConnectionConfig, parse_address
 from smartnsq.transport.lookup import LookupManager
 
@@ -157,6 +160,8 @@ class Consumer:
         low_rdy_timeout: float = 30.0,
         reconnect_backoff: Backoff | None = None,
         handler_threads: int | None = None,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
         lookup_manager: LookupManager | None = None,
     ) -> None:
         self.topic = check_topic(topic)
@@ -252,6 +257,13 @@ class Consumer:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._unwatch: Callable[[], None] | None = None
         self._warned_low_rdy = False
+        self._telemetry = Telemetry(
+            "consumer", tracer_provider=tracer_provider, meter_provider=meter_provider
+        )
+        self._metric_attributes = {
+            "messaging.destination.name": self.topic,
+            "messaging.consumer.group.name": self.channel,
+        }
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -275,6 +287,7 @@ class Consumer:
             low_rdy_idle_timeout=self._low_rdy[0],
             low_rdy_timeout=self._low_rdy[1],
         )
+        self._telemetry.in_flight_gauge(lambda: self._stats.in_flight, self._metric_attributes)
         if self.handler is not None and not self._is_coroutine:
             workers = self._handler_threads or min(32, max(1, self._max_in_flight))
             self._executor = concurrent.futures.ThreadPoolExecutor(
@@ -725,6 +738,10 @@ class Consumer:
             return
         if message.ext_raw is not None and MARKER in message.ext_raw:
             self._decompress(message)
+        if TRACE_LOGGER.isEnabledFor(logging.INFO):  # log_consume picks INFO or DEBUG
+            log_consume(message, conn.local_address)
+        if self._telemetry.metering:
+            self._telemetry.count("consumed", 1, self._metric_attributes)
         if self.ordered:
             if not self._check_order(sub, message):
                 return
@@ -773,6 +790,9 @@ class Consumer:
 
     def _dispatch(self, message: Message) -> None:
         handler = self.handler
+        if handler is not None and self._telemetry.enabled:
+            self._dispatch_observed(message, handler)
+            return
         if handler is None:
             self._inbox.append(message)
             waiter = self._inbox_waiter
@@ -794,6 +814,51 @@ class Consumer:
             return
         future = self._loop.run_in_executor(self._executor, handler, message)
         future.add_done_callback(functools.partial(self._thread_done, message))
+
+    def _dispatch_observed(self, message: Message, handler: Handler) -> None:
+        """_dispatch with a ``process`` span (current while the handler runs, continuing the
+        producer's trace on ext topics) and the handler duration metric."""
+        telemetry = self._telemetry
+        sub = message._sub
+        started = time.perf_counter()
+        opened = telemetry.start_process(self.topic, self.channel, message.ext)
+        span = opened[0] if opened is not None else None
+        if span is not None:
+            if sub.partition is not None:
+                span.set_attribute("messaging.destination.partition.id", str(sub.partition))
+            span.set_attribute("messaging.message.id", message.id.hex())
+            span.set_attribute("messaging.nsq.attempts", message.attempts)
+            for key, value in server_attributes(sub.address).items():
+                span.set_attribute(key, value)
+
+        def done(exc: BaseException | None) -> None:
+            telemetry.handler_duration(time.perf_counter() - started, self._metric_attributes)
+            if span is not None:
+                if exc is not None and not isinstance(exc, asyncio.CancelledError):
+                    Telemetry.fail(span, exc)
+                span.end()
+            self._handled(message, exc)
+
+        try:
+            if self._is_coroutine:
+                try:
+                    coro = handler(message)
+                except Exception as exc:  # noqa: BLE001 - creating the coroutine failed
+                    done(exc)
+                    return
+                task = run_eager(coro, done)
+                if task is not None:
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+            elif self._executor is not None and self._loop is not None:
+                context = contextvars.copy_context()
+                future = self._loop.run_in_executor(self._executor, context.run, handler, message)
+                future.add_done_callback(
+                    lambda f: done(asyncio.CancelledError() if f.cancelled() else f.exception())
+                )
+        finally:
+            if opened is not None:
+                Telemetry.detach(opened[1])
 
     def _thread_done(self, message: Message, future: asyncio.Future[Any]) -> None:
         if future.cancelled():
@@ -851,6 +916,7 @@ class Consumer:
 
     def _give_up(self, message: Message) -> None:
         self._stats.given_up += 1
+        self._telemetry.count("given_up", 1, self._metric_attributes)
         log.warning(
             "%s: giving up on message %s after %d attempts",
             self.topic,
@@ -910,6 +976,8 @@ class Consumer:
         if sub.conn.is_open:
             sub.conn.send(command)
             setattr(stats, counter, getattr(stats, counter) + 1)
+            if self._telemetry.metering:
+                self._telemetry.count(counter, 1, self._metric_attributes)
             if counter == "finished":
                 partition = sub.partition
                 stats.per_partition[partition] = stats.per_partition.get(partition, 0) + 1

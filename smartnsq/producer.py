@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import random
 import warnings
@@ -44,6 +45,8 @@ from smartnsq.protocol.validation import (
 )
 from smartnsq.retry import Backoff, is_retriable, needs_lookup_refresh
 from smartnsq.routing.sharding import Sharder, ShardingStrategy
+from smartnsq.telemetry import Telemetry, error_type, server_attributes
+from smartnsq.tracelog import log_publish
 from smartnsq.transport.connection import (
     Compression,
     Connection,
@@ -95,6 +98,10 @@ class _Publish:
     # A keyed publish keeps the partition of its first routing, whatever happens.
     pinned: int | None = None
     last_partition: int | None = None
+    # Traced because of the producer's trace switch (not an explicit trace_id): classic nsqd
+    # has no PUB_TRACE, so such publishes fall back to plain PUB there.
+    auto_trace: bool = False
+    span: Any = None
 
     @property
     def batch(self) -> bool:
@@ -144,6 +151,10 @@ class Producer:
         lookupd_poll_interval: float = 60.0,
         max_msg_size: int = MAX_MSG_SIZE,
         max_body_size: int = MAX_BODY_SIZE,
+        trace: bool = False,
+        trace_key_hash: bool = False,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
         lookup_manager: LookupManager | None = None,
     ) -> None:
         if (lookupd is None) == (nsqd is None) and lookup_manager is None:
@@ -188,6 +199,12 @@ class Producer:
             self.connection_config, connections_per_key=connections_per_partition
         )
         self._rr: dict[str, itertools.count[int]] = {}
+        self._trace_default = bool(trace)
+        self._trace_topics: dict[str, bool] = {}
+        self.trace_key_hash = trace_key_hash
+        self._telemetry = Telemetry(
+            "producer", tracer_provider=tracer_provider, meter_provider=meter_provider
+        )
         self._state = "new"  # new -> starting -> started -> closed
         self._start_lock: asyncio.Lock | None = None
 
@@ -257,6 +274,21 @@ class Producer:
         target = f"nsqd={self._nsqd}" if self._nsqd else "lookupd"
         return f"<Producer {target} {self._state}>"
 
+    # ------------------------------------------------------------------ tracing switch
+
+    def set_trace(self, enabled: bool, topic: str | None = None) -> None:
+        """Turn message tracing (PUB_TRACE with a generated trace id) on or off, for every
+        topic or for one; takes effect for the next publish."""
+        if topic is None:
+            self._trace_default = bool(enabled)
+            self._trace_topics.clear()
+        else:
+            self._trace_topics[check_topic(topic)] = bool(enabled)
+
+    def tracing(self, topic: str) -> bool:
+        """Whether publishes to ``topic`` are traced by default."""
+        return self._trace_topics.get(topic, self._trace_default)
+
     # ------------------------------------------------------------------ API
 
     async def publish(
@@ -286,6 +318,10 @@ class Producer:
         if trace_id is not None:
             request.trace_ids = [check_trace_id(trace_id)]
             request.command = "PUB_TRACE"
+        elif delay is None and self.tracing(topic):
+            request.trace_ids = [self._new_trace_id(request.key)]
+            request.command = "PUB_TRACE"
+            request.auto_trace = True
         if ext is not None:
             request.exts = [encode_ext(ext)]
             request.command = "PUB_EXT"
@@ -315,8 +351,10 @@ class Producer:
         data = check_bodies(list(bodies), self.max_msg_size, self.max_body_size)
         request = _Publish(topic, "MPUB", data)
         self._common_args(request, partition, sharding_key)
-        if trace or trace_ids is not None:
+        auto = not trace and trace_ids is None and exts is None and self.tracing(topic)
+        if trace or trace_ids is not None or auto:
             ids = list(trace_ids) if trace_ids is not None else _new_trace_ids(len(data))
+            request.auto_trace = auto
             if len(ids) != len(data):
                 raise ValidationError("trace_ids", f"{len(ids)} trace ids for {len(data)} bodies")
             request.trace_ids = [check_trace_id(t) for t in ids]
@@ -341,9 +379,52 @@ class Producer:
 
     # ------------------------------------------------------------------ sending
 
+    def _new_trace_id(self, key: Any) -> int:
+        if key is not _NO_KEY and self.trace_key_hash:
+            # youzan go-nsq traces a keyed publish with the key's hash
+            hashed = self.sharder.hash32(key)
+            if hashed is not None:
+                return hashed & 0xFFFFFFFF
+        return random.getrandbits(64)
+
     async def _run(self, request: _Publish, timeout: float | None) -> list[PublishResult]:
         if self._state != "started":
             await self.start()
+        telemetry = self._telemetry
+        if not telemetry.enabled:
+            results = await self._run_retrying(request, timeout)
+            if results[0].internal_id is not None:
+                for result in results:
+                    log_publish(result)
+            return results
+        request.span = telemetry.start_send(request.topic, len(request.bodies))
+        attributes = {"messaging.destination.name": request.topic}
+        try:
+            results = await self._run_retrying(request, timeout)
+        except BaseException as exc:
+            telemetry.count("publish_errors", 1, {**attributes, "error.type": error_type(exc)})
+            if request.span is not None:
+                Telemetry.fail(request.span, exc)
+                request.span.end()
+            raise
+        telemetry.count("published", len(results), attributes)
+        span = request.span
+        if span is not None:
+            first = results[0]
+            if first.partition is not None:
+                span.set_attribute("messaging.destination.partition.id", str(first.partition))
+            if first.internal_id is not None:
+                span.set_attribute("messaging.message.id", str(first.internal_id))
+            for key, value in server_attributes(first.address).items():
+                span.set_attribute(key, value)
+            span.set_attribute("messaging.nsq.tries", first.tries)
+            span.end()
+        if results[0].internal_id is not None:
+            for result in results:
+                log_publish(result)
+        return results
+
+    async def _run_retrying(self, request: _Publish, timeout: float | None) -> list[PublishResult]:
         limit = self.publish_timeout if timeout is None else float(timeout)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limit
@@ -405,6 +486,15 @@ class Producer:
     async def _after_failure(self, request: _Publish, exc: BaseException) -> None:
         if request.movable and request.last_partition is not None:
             request.avoid.add(request.last_partition)
+        self._telemetry.count("retries", 1, {"messaging.destination.name": request.topic})
+        if request.span is not None:
+            request.span.add_event(
+                "retry",
+                {
+                    "error.type": error_type(exc),
+                    "messaging.destination.partition.id": str(request.last_partition),
+                },
+            )
         if self._lookup is not None and needs_lookup_refresh(exc):
             try:
                 await self._lookup.refresh(request.topic, "w")
@@ -416,13 +506,42 @@ class Producer:
         route = await self._route(request)
         request.last_partition = route.partition
         conn = await self._pool.get(route.address, route.pool_topic, route.partition)
+        if request.auto_trace and not (route.youzan or conn.youzan):
+            request.command = "MPUB" if request.batch else "PUB"  # classic nsqd: no tracing
+            request.trace_ids = None
+            request.auto_trace = False
         self._check_features(request, route, conn)
+        command, data = self._prepare(request, route)
         frame = await conn.request(
-            self._encode(request, route.partition),
-            request.command,
-            timeout=min(timeout, self.connection_config.request_timeout),
+            data, command, timeout=min(timeout, self.connection_config.request_timeout)
         )
         return self._results(request, route, frame, tries)
+
+    def _prepare(self, request: _Publish, route: _Route) -> tuple[str, bytes]:
+        """The command and bytes of one attempt. On ext topics, a traced span travels in the
+        ext header (W3C traceparent) so the consumer continues the trace."""
+        span = request.span
+        if (
+            route.ext_topic
+            and span is not None
+            and span.is_recording()
+            and request.command in ("PUB", "PUB_TRACE", "PUB_EXT")
+        ):
+            header: dict[str, Any] = {}
+            if request.exts is not None and request.exts[0]:
+                header.update(json.loads(request.exts[0]))
+            Telemetry.inject(header, span)
+            if request.trace_ids is not None:
+                header["##trace_id"] = str(request.trace_ids[0])
+            data = commands.pub_ext(
+                request.topic,
+                request.bodies[0],
+                header,
+                route.partition,
+                max_msg_size=self.max_msg_size,
+            )
+            return "PUB_EXT", data
+        return request.command, self._encode(request, route.partition)
 
     # ------------------------------------------------------------------ routing
 

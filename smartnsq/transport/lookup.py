@@ -229,6 +229,7 @@ class LookupManager:
         self._cache: dict[_Key, TopicLayout] = {}
         self._topic_errors: dict[_Key, NSQError] = {}
         self._round_end: dict[_Key, float] = {}
+        self._forced_end: dict[_Key, float] = {}
         self._inflight: dict[_Key, asyncio.Task[TopicLayout]] = {}
         self._tracked: dict[_Key, float] = {}  # key -> when its next periodic refresh is due
         self._watchers: dict[_Key, list[_Watcher]] = {}
@@ -274,7 +275,7 @@ class LookupManager:
         key = self._key(topic, access)
         self._track(key)
         self._start_poller()
-        return await self._refresh(key)
+        return await self._refresh(key, forced=True)
 
     def watch(self, topic: str, access: Access, callback: WatchCallback) -> Callable[[], None]:
         """Call ``callback(layout)`` (sync or async) whenever a refresh, periodic or forced,
@@ -392,10 +393,12 @@ class LookupManager:
         if self._wake is not None and when < self._poll_deadline:
             self._wake.set()
 
-    async def _refresh(self, key: _Key) -> TopicLayout:
+    async def _refresh(self, key: _Key, *, forced: bool = False) -> TopicLayout:
         task = self._inflight.get(key)
         if task is None:
-            end = self._round_end.get(key)
+            # A forced refresh (a client saw a stale layout) is spaced from the previous
+            # forced one only: the round that just filled the cache may be the stale one.
+            end = (self._forced_end if forced else self._round_end).get(key)
             if end is not None and self._clock() - end < self._refresh_min_interval:
                 cached = self._cache.get(key)
                 if cached is not None:
@@ -414,6 +417,9 @@ class LookupManager:
             if self._closed and task.cancelled():
                 raise ClientClosedError("the LookupManager was closed during the lookup") from None
             raise
+        finally:
+            if forced:
+                self._forced_end[key] = self._clock()
 
     async def _round(self, key: _Key) -> TopicLayout:
         topic, access = key

@@ -423,6 +423,24 @@ async def test_refresh_is_rate_limited(make: Make, clock: FakeTime) -> None:
     assert cluster.count(A, "/lookup") == 2
 
 
+async def test_forced_refresh_right_after_a_plain_lookup_is_not_rate_limited(
+    make: Make, clock: FakeTime
+) -> None:
+    """A client that just cached a layout and then saw E_FAILED_ON_NOT_LEADER must get a
+    fresh answer at once: the round that filled the cache may be the stale one."""
+    cluster = FakeCluster()
+    lookupd = cluster.add(A)
+    manager = make(cluster, [A], refresh_min_interval=0.25)
+    await manager.lookup("t")
+    lookupd.lookup = youzan_answer({0: 24520})  # the leader moved
+    clock.now += 0.01
+    assert ports(await manager.refresh("t")) == {0: 24520}
+    assert cluster.count(A, "/lookup") == 2
+    clock.now += 0.01
+    await manager.refresh("t")  # forced again so soon: served from the cache
+    assert cluster.count(A, "/lookup") == 2
+
+
 async def test_rate_limit_does_not_apply_without_a_cached_layout(
     make: Make, clock: FakeTime
 ) -> None:

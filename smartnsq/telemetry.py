@@ -1,0 +1,182 @@
+"""OpenTelemetry spans and metrics for the clients (``opentelemetry-api`` only).
+
+Spans follow the messaging semantic conventions: ``send {topic}`` (PRODUCER) per publish,
+with retries as events, and ``process {topic}`` (CONSUMER) per handled message. On ext topics
+the producer carries the W3C ``traceparent`` in the ext header and the consumer continues
+that trace.
+
+Whether anything is recorded is decided once, when a client is built: with no provider given
+and no SDK installed (the API's proxy providers), every hook is skipped, so uninstrumented
+applications pay nothing on the hot path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, propagate, trace
+from opentelemetry.trace import ProxyTracerProvider, Span, SpanKind, Status, StatusCode
+
+from smartnsq._version import __version__
+
+__all__ = ["Telemetry"]
+
+SYSTEM = "nsq"
+
+
+def _tracing_configured(provider: Any) -> bool:
+    return provider is not None or not isinstance(trace.get_tracer_provider(), ProxyTracerProvider)
+
+
+def _metrics_configured(provider: Any) -> bool:
+    if provider is not None:
+        return True
+    name = type(metrics.get_meter_provider()).__name__
+    return name not in ("_ProxyMeterProvider", "NoOpMeterProvider")
+
+
+def server_attributes(address: str | None) -> dict[str, Any]:
+    if not address:
+        return {}
+    host, _, port = address.rpartition(":")
+    attributes: dict[str, Any] = {"server.address": host.strip("[]")}
+    if port.isdigit():
+        attributes["server.port"] = int(port)
+    return attributes
+
+
+class Telemetry:
+    """The instruments of one client (``component`` is "producer" or "consumer")."""
+
+    def __init__(
+        self,
+        component: str,
+        *,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
+    ) -> None:
+        self.component = component
+        self.tracing = _tracing_configured(tracer_provider)
+        self.metering = _metrics_configured(meter_provider)
+        self.enabled = self.tracing or self.metering
+        self.tracer = (
+            trace.get_tracer("smartnsq", __version__, tracer_provider=tracer_provider)
+            if self.tracing
+            else None
+        )
+        self._counters: dict[str, Any] = {}
+        self._duration: Any = None
+        self._meter: Any = None
+        if self.metering:
+            meter = metrics.get_meter("smartnsq", __version__, meter_provider=meter_provider)
+            self._meter = meter
+            names = {
+                "producer": {
+                    "published": ("messaging.client.sent.messages", "Messages published"),
+                    "publish_errors": ("smartnsq.publish.errors", "Publishes that failed"),
+                    "retries": ("smartnsq.publish.retries", "Publish attempts retried"),
+                },
+                "consumer": {
+                    "consumed": ("messaging.client.consumed.messages", "Messages received"),
+                    "finished": ("smartnsq.messages.finished", "Messages finished (FIN)"),
+                    "requeued": ("smartnsq.messages.requeued", "Messages requeued (REQ)"),
+                    "given_up": ("smartnsq.messages.given_up", "Messages past max_attempts"),
+                },
+            }[component]
+            for key, (name, description) in names.items():
+                self._counters[key] = meter.create_counter(
+                    name, unit="{message}", description=description
+                )
+            if component == "consumer":
+                self._duration = meter.create_histogram(
+                    "messaging.process.duration", unit="s", description="Handler duration"
+                )
+
+    # ------------------------------------------------------------------ metrics
+
+    def count(self, name: str, value: int = 1, attributes: Mapping[str, Any] | None = None) -> None:
+        counter = self._counters.get(name)
+        if counter is not None:
+            counter.add(value, attributes)
+
+    def handler_duration(self, seconds: float, attributes: Mapping[str, Any]) -> None:
+        if self._duration is not None:
+            self._duration.record(seconds, attributes)
+
+    def in_flight_gauge(self, read: Callable[[], int], attributes: Mapping[str, Any]) -> None:
+        """Report ``read()`` as the in-flight gauge (observed when metrics are collected)."""
+        if self._meter is None:
+            return
+
+        def observe(options: Any) -> Iterable[metrics.Observation]:
+            return [metrics.Observation(read(), dict(attributes))]
+
+        self._meter.create_observable_up_down_counter(
+            "smartnsq.messages.in_flight",
+            callbacks=[observe],
+            unit="{message}",
+            description="Messages received and not yet answered",
+        )
+
+    # ------------------------------------------------------------------ spans
+
+    def start_send(self, topic: str, batch: int) -> Span | None:
+        if self.tracer is None:
+            return None
+        attributes: dict[str, Any] = {
+            "messaging.system": SYSTEM,
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "send",
+            "messaging.destination.name": topic,
+        }
+        if batch > 1:
+            attributes["messaging.batch.message_count"] = batch
+        return self.tracer.start_span(
+            f"send {topic}", kind=SpanKind.PRODUCER, attributes=attributes
+        )
+
+    def start_process(
+        self, topic: str, channel: str, carrier: Mapping[str, Any] | None
+    ) -> tuple[Span, object] | None:
+        """Start the consumer span (continuing a trace carried in the ext header) and make it
+        current; returns (span, token to detach) or None."""
+        if self.tracer is None:
+            return None
+        parent = propagate.extract(carrier) if carrier else None
+        span = self.tracer.start_span(
+            f"process {topic}",
+            context=parent,
+            kind=SpanKind.CONSUMER,
+            attributes={
+                "messaging.system": SYSTEM,
+                "messaging.operation.type": "process",
+                "messaging.operation.name": "process",
+                "messaging.destination.name": topic,
+                "messaging.consumer.group.name": channel,
+            },
+        )
+        token = otel_context.attach(trace.set_span_in_context(span))
+        return span, token
+
+    @staticmethod
+    def detach(token: object) -> None:
+        otel_context.detach(token)  # type: ignore[arg-type]
+
+    @staticmethod
+    def inject(carrier: MutableMapping[str, Any], span: Span) -> None:
+        """Write ``traceparent`` (and friends) for ``span`` into ``carrier``."""
+        propagate.inject(carrier, context=trace.set_span_in_context(span))
+
+    @staticmethod
+    def fail(span: Span, error: BaseException) -> None:
+        span.set_attribute("error.type", error_type(error))
+        span.record_exception(error)
+        span.set_status(Status(StatusCode.ERROR, str(error)))
+
+
+def error_type(error: BaseException) -> str:
+    """The NSQ code for server errors, else the exception class name."""
+    code = getattr(error, "code", None)
+    return code if isinstance(code, str) and code else type(error).__name__
