@@ -805,7 +805,7 @@ class Consumer:
             except Exception as exc:  # noqa: BLE001 - creating the coroutine is the handler's failure
                 self._handled(message, exc)
                 return
-            task = run_eager(coro, functools.partial(self._handled, message))
+            task = run_eager(coro, self._handled, message)
             if task is not None:
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
@@ -846,7 +846,7 @@ class Consumer:
                 except Exception as exc:  # noqa: BLE001 - creating the coroutine failed
                     done(exc)
                     return
-                task = run_eager(coro, done)
+                task = run_eager(coro, lambda _message, exc: done(exc), message)
                 if task is not None:
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
@@ -871,7 +871,7 @@ class Consumer:
         sub = message._sub
         if exc is None:
             if not message.responded:
-                self._answer(message, commands.fin(message.id), "success", "finished")
+                self._finish_success(message, sub)
         elif isinstance(exc, asyncio.CancelledError):
             pass  # the consumer is closing: unanswered, nsqd redelivers it
         else:
@@ -995,13 +995,42 @@ class Consumer:
                 self._apply(updates)
             if outcome == "failure":
                 self._schedule_tick()
+        self._after_answer(sub)
+        return True
+
+    def _finish_success(self, message: Message, sub: _Subscription) -> None:
+        """_answer for the common case (a handler returned): FIN, counted, no detour."""
+        message.responded = True
+        stats = self._stats
+        stats.in_flight -= 1
+        sub.in_flight -= 1
+        conn = sub.conn
+        if conn.is_open:
+            # The id comes from a decoded frame: always 16 bytes, no need to re-validate.
+            conn.send(b"FIN " + message.id + b"\n")
+            stats.finished += 1
+            per_partition = stats.per_partition
+            partition = sub.partition
+            per_partition[partition] = per_partition.get(partition, 0) + 1
+            if self._telemetry.metering:
+                self._telemetry.count("finished", 1, self._metric_attributes)
+        else:
+            stats.lost_answers += 1
+        controller = self._controller
+        if controller is not None:
+            updates = controller.on_done(sub, "success")
+            if updates:
+                self._apply(updates)
+        if (sub.closing and sub.in_flight == 0) or self._state == "closing":
+            self._after_answer(sub)
+
+    def _after_answer(self, sub: _Subscription) -> None:
         if sub.closing and sub.in_flight == 0:
             task = asyncio.ensure_future(sub.conn.close())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         if self._state == "closing":
             self._check_drained()
-        return True
 
     def _check_drained(self) -> None:
         if self._drained is not None and self._outstanding() <= 0:

@@ -15,7 +15,7 @@ import logging
 import random
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -82,26 +82,42 @@ class PublishResult:
     tries: int = 1
 
 
-@dataclass(eq=False)
 class _Publish:
     """One logical publish (a message or an MPUB batch) across its tries."""
 
-    topic: str
-    command: str
-    bodies: list[bytes]
-    partition: int | None = None
-    key: Any = _NO_KEY
-    trace_ids: list[int] | None = None
-    exts: list[bytes | None] | None = None
-    delay_ms: int | None = None
-    avoid: set[int] = field(default_factory=set)
-    # A keyed publish keeps the partition of its first routing, whatever happens.
-    pinned: int | None = None
-    last_partition: int | None = None
-    # Traced because of the producer's trace switch (not an explicit trace_id): classic nsqd
-    # has no PUB_TRACE, so such publishes fall back to plain PUB there.
-    auto_trace: bool = False
-    span: Any = None
+    __slots__ = (
+        "auto_trace",
+        "avoid",
+        "bodies",
+        "command",
+        "delay_ms",
+        "exts",
+        "key",
+        "last_partition",
+        "partition",
+        "pinned",
+        "span",
+        "topic",
+        "trace_ids",
+    )
+
+    def __init__(self, topic: str, command: str, bodies: list[bytes]) -> None:
+        self.topic = topic
+        self.command = command
+        self.bodies = bodies
+        self.partition: int | None = None
+        self.key: Any = _NO_KEY
+        self.trace_ids: list[int] | None = None
+        self.exts: list[bytes | None] | None = None
+        self.delay_ms: int | None = None
+        self.avoid: set[int] = set()
+        # A keyed publish keeps the partition of its first routing, whatever happens.
+        self.pinned: int | None = None
+        self.last_partition: int | None = None
+        # Traced because of the producer's trace switch (not an explicit trace_id): classic
+        # nsqd has no PUB_TRACE, so such publishes fall back to plain PUB there.
+        self.auto_trace = False
+        self.span: Any = None
 
     @property
     def batch(self) -> bool:
@@ -199,6 +215,7 @@ class Producer:
             self.connection_config, connections_per_key=connections_per_partition
         )
         self._rr: dict[str, itertools.count[int]] = {}
+        self._ok_results: dict[tuple[str, int | None, str], PublishResult] = {}
         self._trace_default = bool(trace)
         self._trace_topics: dict[str, bool] = {}
         self.trace_key_hash = trace_key_hash
@@ -330,6 +347,28 @@ class Producer:
                 raise UnsupportedFeatureError("delay cannot be combined with trace_id or ext")
             request.delay_ms = _delay_ms(delay)
             request.command = "DPUB"
+        if self._state == "started" and not self._telemetry.enabled:
+            # Fast path: layout cached and connection open -> one await, no coroutine chain.
+            route = self._route_now(request)
+            conn = (
+                self._pool.get_nowait(route.address, route.pool_topic, route.partition)
+                if route is not None
+                else None
+            )
+            if route is not None and conn is not None:
+                limit = self.publish_timeout if timeout is None else float(timeout)
+                try:
+                    request.last_partition = route.partition
+                    frame = await self._send(request, route, conn, limit)
+                except Exception as exc:
+                    if not is_retriable(exc) or self.max_retries == 0:
+                        raise
+                    results = await self._run(request, timeout, first_failure=exc)
+                else:
+                    results = self._results(request, route, frame, 1)
+                    if results[0].internal_id is not None:
+                        log_publish(results[0])
+                return results[0]
         results = await self._run(request, timeout)
         return results[0]
 
@@ -387,12 +426,17 @@ class Producer:
                 return hashed & 0xFFFFFFFF
         return random.getrandbits(64)
 
-    async def _run(self, request: _Publish, timeout: float | None) -> list[PublishResult]:
+    async def _run(
+        self,
+        request: _Publish,
+        timeout: float | None,
+        first_failure: BaseException | None = None,
+    ) -> list[PublishResult]:
         if self._state != "started":
             await self.start()
         telemetry = self._telemetry
         if not telemetry.enabled:
-            results = await self._run_retrying(request, timeout)
+            results = await self._run_retrying(request, timeout, first_failure)
             if results[0].internal_id is not None:
                 for result in results:
                     log_publish(result)
@@ -424,16 +468,24 @@ class Producer:
                 log_publish(result)
         return results
 
-    async def _run_retrying(self, request: _Publish, timeout: float | None) -> list[PublishResult]:
+    async def _run_retrying(
+        self,
+        request: _Publish,
+        timeout: float | None,
+        first_failure: BaseException | None = None,
+    ) -> list[PublishResult]:
         limit = self.publish_timeout if timeout is None else float(timeout)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limit
-        try:
-            return await self._attempt(request, 1, limit)
-        except Exception as exc:
-            if not is_retriable(exc) or self.max_retries == 0:
-                raise
-            first = exc
+        if first_failure is not None:
+            first = first_failure
+        else:
+            try:
+                return await self._attempt(request, 1, limit)
+            except Exception as exc:
+                if not is_retriable(exc) or self.max_retries == 0:
+                    raise
+                first = exc
         await self._after_failure(request, first)
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.max_retries),
@@ -505,17 +557,25 @@ class Producer:
     async def _attempt(self, request: _Publish, tries: int, timeout: float) -> list[PublishResult]:
         route = await self._route(request)
         request.last_partition = route.partition
-        conn = await self._pool.get(route.address, route.pool_topic, route.partition)
+        conn = self._pool.get_nowait(route.address, route.pool_topic, route.partition)
+        if conn is None:
+            conn = await self._pool.get(route.address, route.pool_topic, route.partition)
+        frame = await self._send(request, route, conn, timeout)
+        return self._results(request, route, frame, tries)
+
+    def _send(
+        self, request: _Publish, route: _Route, conn: Connection, timeout: float
+    ) -> asyncio.Future[bytes]:
+        """Check, encode and queue one attempt; the future gets nsqd's answer."""
         if request.auto_trace and not (route.youzan or conn.youzan):
             request.command = "MPUB" if request.batch else "PUB"  # classic nsqd: no tracing
             request.trace_ids = None
             request.auto_trace = False
         self._check_features(request, route, conn)
         command, data = self._prepare(request, route)
-        frame = await conn.request(
+        return conn.request_future(
             data, command, timeout=min(timeout, self.connection_config.request_timeout)
         )
-        return self._results(request, route, frame, tries)
 
     def _prepare(self, request: _Publish, route: _Route) -> tuple[str, bytes]:
         """The command and bytes of one attempt. On ext topics, a traced span travels in the
@@ -545,10 +605,22 @@ class Producer:
 
     # ------------------------------------------------------------------ routing
 
+    def _route_now(self, request: _Publish) -> _Route | None:
+        """The route from what is cached (None when the layout must be fetched first)."""
+        if self._lookup is None:
+            return self._route_classic(request, self._nsqd)
+        layout = self._lookup.cached(request.topic, "w")
+        if layout is None:
+            return None
+        return self._route_layout(request, layout)
+
     async def _route(self, request: _Publish) -> _Route:
         if self._lookup is None:
             return self._route_classic(request, self._nsqd)
         layout = await self._lookup.lookup(request.topic, "w")
+        return self._route_layout(request, layout)
+
+    def _route_layout(self, request: _Publish, layout: TopicLayout) -> _Route:
         if layout.is_classic:
             return self._route_classic(request, [n.tcp_address for n in layout.classic_nodes])
         return self._route_youzan(request, layout)
@@ -655,7 +727,17 @@ class Producer:
     ) -> list[PublishResult]:
         topic, partition, address = request.topic, route.partition, route.address
         if frame == OK:
-            return [PublishResult(topic, partition, address, tries=tries) for _ in request.bodies]
+            if tries == 1:
+                # Results are immutable: a plain acknowledgement is the same value each time.
+                key = (topic, partition, address)
+                result = self._ok_results.get(key)
+                if result is None:
+                    result = PublishResult(topic, partition, address)
+                    if len(self._ok_results) < 4096:
+                        self._ok_results[key] = result
+            else:
+                result = PublishResult(topic, partition, address, tries=tries)
+            return [result] * len(request.bodies)
         receipt = TraceReceipt.decode(frame)
         if not request.batch:
             return [

@@ -266,6 +266,10 @@ class LookupManager:
             return cached
         return await self._refresh(key)
 
+    def cached(self, topic: str, access: Access = "r") -> TopicLayout | None:
+        """The cached layout, without waiting (None if unknown): the publish fast path."""
+        return self._cache.get((topic, access))
+
     async def refresh(self, topic: str, access: Access = "r") -> TopicLayout:
         """Ask the lookupds again (coalesced with a round in flight, rate-limited).
 

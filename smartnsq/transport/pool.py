@@ -53,6 +53,20 @@ class ConnectionPool:
     def __len__(self) -> int:
         return sum(1 for slot in self._slots.values() for conn in slot.connections if conn.is_open)
 
+    def get_nowait(self, address: str, topic: str, partition: int | None) -> Connection | None:
+        """An open connection for the key if the slot is full and healthy, else None (then
+        ``await get()``): the publish fast path without a coroutine."""
+        slot = self._slots.get((address, topic, partition))
+        if slot is None:
+            return None
+        conns = slot.connections
+        if len(conns) < self.connections_per_key:
+            return None
+        index = slot.next % len(conns)
+        slot.next = index + 1
+        conn = conns[index]
+        return conn if conn.is_open else None
+
     async def get(self, address: str, topic: str, partition: int | None) -> Connection:
         """An open connection for the key (round-robin), connecting if needed."""
         if self._closed:

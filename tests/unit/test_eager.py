@@ -10,7 +10,7 @@ from smartnsq._eager import run_eager
 
 def _recorder() -> tuple[list[BaseException | None], object]:
     seen: list[BaseException | None] = []
-    return seen, seen.append
+    return seen, lambda _arg, exc: seen.append(exc)
 
 
 async def test_synchronous_completion_creates_no_task() -> None:
@@ -116,6 +116,16 @@ async def test_exceptions_thrown_in_are_catchable() -> None:
     assert task is not None
     await asyncio.wait_for(task, 1)
     assert seen == [None]
+
+
+async def test_done_receives_the_argument() -> None:
+    got: list[object] = []
+
+    async def handler() -> None:
+        return None
+
+    run_eager(handler(), lambda arg, exc: got.append((arg, exc)), "message")
+    assert got == [("message", None)]
 
 
 async def test_context_variables_are_visible() -> None:
