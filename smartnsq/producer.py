@@ -350,15 +350,16 @@ class Producer:
         if self._state == "started" and not self._telemetry.enabled:
             # Fast path: layout cached and connection open -> one await, no coroutine chain.
             route = self._route_now(request)
-            conn = (
-                self._pool.get_nowait(route.address, route.pool_topic, route.partition)
-                if route is not None
-                else None
-            )
-            if route is not None and conn is not None:
+            if route is not None:
                 limit = self.publish_timeout if timeout is None else float(timeout)
                 try:
                     request.last_partition = route.partition
+                    # Connect on the route chosen here: routing again would skip partitions.
+                    conn = self._pool.get_nowait(route.address, route.pool_topic, route.partition)
+                    if conn is None:
+                        conn = await self._pool.get(
+                            route.address, route.pool_topic, route.partition
+                        )
                     frame = await self._send(request, route, conn, limit)
                 except Exception as exc:
                     if not is_retriable(exc) or self.max_retries == 0:
