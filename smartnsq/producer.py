@@ -21,6 +21,7 @@ from typing import Any
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
+from smartnsq.batching import Batcher
 from smartnsq.errors import (
     ClientClosedError,
     NoWritablePartitionError,
@@ -86,6 +87,7 @@ class _Publish:
     """One logical publish (a message or an MPUB batch) across its tries."""
 
     __slots__ = (
+        "address",
         "auto_trace",
         "avoid",
         "bodies",
@@ -118,6 +120,7 @@ class _Publish:
         # nsqd has no PUB_TRACE, so such publishes fall back to plain PUB there.
         self.auto_trace = False
         self.span: Any = None
+        self.address: str | None = None  # classic batches stay on their nsqd
 
     @property
     def batch(self) -> bool:
@@ -169,6 +172,8 @@ class Producer:
         max_body_size: int = MAX_BODY_SIZE,
         trace: bool = False,
         trace_key_hash: bool = False,
+        linger: float | None = None,
+        max_batch: int = 100,
         tracer_provider: Any = None,
         meter_provider: Any = None,
         lookup_manager: LookupManager | None = None,
@@ -222,6 +227,15 @@ class Producer:
         self._telemetry = Telemetry(
             "producer", tracer_provider=tracer_provider, meter_provider=meter_provider
         )
+        if linger is not None and (not isinstance(linger, (int, float)) or linger < 0):
+            raise ValidationError("linger", "must be >= 0 seconds, or None (no batching)")
+        if type(max_batch) is not int or max_batch < 1:
+            raise ValidationError("max_batch", "must be an int >= 1")
+        self._batcher = (
+            Batcher(self._flush_batch, linger=linger, max_batch=max_batch, max_bytes=max_body_size)
+            if linger is not None
+            else None
+        )
         self._state = "new"  # new -> starting -> started -> closed
         self._start_lock: asyncio.Lock | None = None
 
@@ -267,6 +281,11 @@ class Producer:
         """Close every connection (in-flight publishes fail). The producer is not reusable."""
         if self._state == "closed":
             return
+        if self._batcher is not None:
+            try:
+                await asyncio.wait_for(self._batcher.flush(), self.publish_timeout)
+            except asyncio.TimeoutError:
+                self._batcher.cancel()
         self._state = "closed"
         await self._pool.close()
         if self._lookup is not None and self._owns_lookup:
@@ -347,6 +366,14 @@ class Producer:
                 raise UnsupportedFeatureError("delay cannot be combined with trace_id or ext")
             request.delay_ms = _delay_ms(delay)
             request.command = "DPUB"
+        if (
+            self._batcher is not None
+            and timeout is None
+            and request.exts is None
+            and request.delay_ms is None
+            and (request.command == "PUB" or request.auto_trace)
+        ):
+            return await self._batched(request)
         if self._state == "started" and not self._telemetry.enabled:
             # Fast path: layout cached and connection open -> one await, no coroutine chain.
             route = self._route_now(request)
@@ -418,6 +445,39 @@ class Producer:
             request.key = key
 
     # ------------------------------------------------------------------ sending
+
+    async def _batched(self, request: _Publish) -> PublishResult:
+        """Hand the message to the batcher, in the lane of its partition (keyed or explicit
+        publishes) or the topic's shared lane (unkeyed)."""
+        if self._state != "started":
+            await self.start()
+        if self._batcher is None:  # pragma: no cover - only called with a batcher
+            raise ValidationError("linger", "batching is off")
+        lane: tuple[Any, ...]
+        if request.partition is None and request.key is _NO_KEY:
+            lane = (request.topic, "any")
+        else:
+            route = self._route_now(request) or await self._route(request)
+            target = route.partition if route.youzan else route.address
+            lane = (request.topic, "pinned", route.youzan, target)
+        trace_id = request.trace_ids[0] if request.trace_ids else None
+        result: PublishResult = await self._batcher.add(lane, request.bodies[0], trace_id)
+        return result
+
+    async def _flush_batch(
+        self, lane: Any, bodies: list[bytes], trace_ids: list[int] | None
+    ) -> list[PublishResult]:
+        request = _Publish(lane[0], "MPUB", bodies)
+        if trace_ids is not None:
+            request.command = "MPUB_TRACE"
+            request.trace_ids = trace_ids
+            request.auto_trace = True
+        if lane[1] == "pinned":
+            if lane[2]:
+                request.partition = request.pinned = lane[3]
+            else:
+                request.address = lane[3]
+        return await self._run(request, None)
 
     def _new_trace_id(self, key: Any) -> int:
         if key is not _NO_KEY and self.trace_key_hash:
@@ -629,6 +689,8 @@ class Producer:
     def _route_classic(self, request: _Publish, addresses: Sequence[str]) -> _Route:
         if not addresses:
             raise NoWritablePartitionError(f"no nsqd publishes topic {request.topic!r} yet")
+        if request.address is not None:
+            return _Route(request.address, request.partition, False, False, _ANY_TOPIC)
         if request.key is not _NO_KEY:
             index = self.sharder.partition_for(request.key, len(addresses))
         else:

@@ -1,0 +1,147 @@
+"""Producer auto-batching: concurrent publishes to the same partition leave as one MPUB.
+
+Each message waits at most ``linger`` seconds for company (or until ``max_batch`` messages or
+the frame's byte limit are reached). Per partition, one batch is in flight at a time, so a
+retried batch can never be overtaken by a later one: per-partition (and so per-key) order
+holds. Each caller gets its own result or the batch's exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any
+
+__all__ = ["Batcher"]
+
+log = logging.getLogger("smartnsq.producer")
+
+# MPUB frame: [size][count] then [size][body] per message.
+_FRAME_OVERHEAD = 8
+_PER_MESSAGE = 4
+
+Flush = Callable[[Hashable, list[bytes], list[int] | None], Awaitable[list[Any]]]
+
+
+class _Batch:
+    __slots__ = ("bodies", "futures", "size", "timer", "trace_ids")
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        self.futures: list[asyncio.Future[Any]] = []
+        self.trace_ids: list[int] | None = None
+        self.size = _FRAME_OVERHEAD
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class _Lane:
+    """The batches of one key: the one filling up, and whether one is in flight."""
+
+    __slots__ = ("busy", "filling", "queue")
+
+    def __init__(self) -> None:
+        self.filling: _Batch | None = None
+        self.queue: list[_Batch] = []  # full or lingered out, waiting for the lane
+        self.busy = False
+
+
+class Batcher:
+    def __init__(self, flush: Flush, *, linger: float, max_batch: int, max_bytes: int) -> None:
+        self._flush = flush
+        self.linger = linger
+        self.max_batch = max_batch
+        self.max_bytes = max_bytes
+        self._lanes: dict[Hashable, _Lane] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.batches_sent = 0
+
+    def add(self, key: Hashable, body: bytes, trace_id: int | None) -> asyncio.Future[Any]:
+        """Queue one message; the future gets its result."""
+        loop = asyncio.get_running_loop()
+        lane = self._lanes.get(key)
+        if lane is None:
+            lane = self._lanes[key] = _Lane()
+        batch = lane.filling
+        needed = _PER_MESSAGE + len(body)
+        if batch is not None and (
+            batch.size + needed > self.max_bytes or (trace_id is None) != (batch.trace_ids is None)
+        ):
+            self._close_batch(key, lane)  # full in bytes, or traced and plain do not mix
+            batch = None
+        if batch is None:
+            batch = lane.filling = _Batch()
+            if trace_id is not None:
+                batch.trace_ids = []
+            batch.timer = loop.call_later(self.linger, self._lingered, key, batch)
+        future: asyncio.Future[Any] = loop.create_future()
+        batch.bodies.append(body)
+        batch.futures.append(future)
+        batch.size += needed
+        if batch.trace_ids is not None and trace_id is not None:
+            batch.trace_ids.append(trace_id)
+        if len(batch.bodies) >= self.max_batch:
+            self._close_batch(key, lane)
+        return future
+
+    def _lingered(self, key: Hashable, batch: _Batch) -> None:
+        lane = self._lanes.get(key)
+        if lane is not None and lane.filling is batch:
+            self._close_batch(key, lane)
+
+    def _close_batch(self, key: Hashable, lane: _Lane) -> None:
+        batch = lane.filling
+        if batch is None:
+            return
+        lane.filling = None
+        if batch.timer is not None:
+            batch.timer.cancel()
+        lane.queue.append(batch)
+        self._pump(key, lane)
+
+    def _pump(self, key: Hashable, lane: _Lane) -> None:
+        if lane.busy or not lane.queue:
+            return
+        lane.busy = True
+        batch = lane.queue.pop(0)
+        task = asyncio.get_running_loop().create_task(self._send(key, lane, batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, key: Hashable, lane: _Lane, batch: _Batch) -> None:
+        try:
+            results = await self._flush(key, batch.bodies, batch.trace_ids)
+        except BaseException as exc:
+            for future in batch.futures:
+                if not future.done():
+                    future.set_exception(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        else:
+            self.batches_sent += 1
+            for future, result in zip(batch.futures, results, strict=True):
+                if not future.done():
+                    future.set_result(result)
+        finally:
+            lane.busy = False
+            self._pump(key, lane)
+
+    async def flush(self) -> None:
+        """Send everything queued now and wait until it is answered."""
+        for key, lane in list(self._lanes.items()):
+            self._close_batch(key, lane)
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    def cancel(self) -> None:
+        for lane in self._lanes.values():
+            batches = [*lane.queue, *([lane.filling] if lane.filling else [])]
+            for batch in batches:
+                if batch.timer is not None:
+                    batch.timer.cancel()
+                for future in batch.futures:
+                    if not future.done():
+                        future.cancel()
+        self._lanes.clear()
+        for task in self._tasks:
+            task.cancel()

@@ -1,0 +1,105 @@
+"""The auto-batcher without sockets: lanes, limits, one batch in flight per lane, results
+and errors fanned out to each caller."""
+
+import asyncio
+from collections.abc import Hashable
+from typing import Any
+
+import pytest
+
+from smartnsq.batching import Batcher
+
+
+class Recorder:
+    def __init__(self, fail: BaseException | None = None) -> None:
+        self.batches: list[tuple[Hashable, list[bytes], list[int] | None]] = []
+        self.running: dict[Hashable, int] = {}
+        self.max_concurrent_per_lane = 0
+        self.fail = fail
+        self.gate: asyncio.Event | None = None
+
+    async def __call__(
+        self, lane: Hashable, bodies: list[bytes], trace_ids: list[int] | None
+    ) -> list[Any]:
+        self.running[lane] = self.running.get(lane, 0) + 1
+        self.max_concurrent_per_lane = max(self.max_concurrent_per_lane, self.running[lane])
+        try:
+            if self.gate is not None:
+                await self.gate.wait()
+            await asyncio.sleep(0)
+            self.batches.append((lane, list(bodies), trace_ids))
+            if self.fail is not None:
+                raise self.fail
+            return [(lane, b) for b in bodies]
+        finally:
+            self.running[lane] -= 1
+
+
+async def test_concurrent_adds_share_a_batch() -> None:
+    flush = Recorder()
+    batcher = Batcher(flush, linger=0.01, max_batch=100, max_bytes=10_000)
+    futures = [batcher.add("a", b"%d" % i, None) for i in range(10)]
+    results = await asyncio.gather(*futures)
+    assert results == [("a", b"%d" % i) for i in range(10)]
+    assert len(flush.batches) == 1
+
+
+async def test_max_batch_and_byte_limit_split_batches() -> None:
+    flush = Recorder()
+    batcher = Batcher(flush, linger=10, max_batch=3, max_bytes=8 + 3 * (4 + 10))
+    futures = [batcher.add("a", b"x" * 10, None) for _ in range(7)]
+    await batcher.flush()
+    await asyncio.gather(*futures)
+    assert [len(b[1]) for b in flush.batches] == [3, 3, 1]
+    flush2 = Recorder()
+    small = Batcher(flush2, linger=10, max_batch=100, max_bytes=8 + 2 * (4 + 10))
+    futures = [small.add("a", b"y" * 10, None) for _ in range(5)]
+    await small.flush()
+    await asyncio.gather(*futures)
+    assert [len(b[1]) for b in flush2.batches] == [2, 2, 1]
+
+
+async def test_one_batch_in_flight_per_lane_keeps_order() -> None:
+    flush = Recorder()
+    flush.gate = asyncio.Event()
+    batcher = Batcher(flush, linger=0, max_batch=2, max_bytes=10_000)
+    futures = [batcher.add("k", b"%d" % i, None) for i in range(6)]
+    other = batcher.add("other", b"o", None)
+    await asyncio.sleep(0.01)
+    flush.gate.set()
+    await asyncio.gather(*futures, other)
+    assert flush.max_concurrent_per_lane == 1
+    sent = [body for lane, bodies, _ in flush.batches if lane == "k" for body in bodies]
+    assert sent == [b"%d" % i for i in range(6)]
+
+
+async def test_errors_reach_every_caller_of_the_batch() -> None:
+    flush = Recorder(fail=ValueError("nsqd said no"))
+    batcher = Batcher(flush, linger=0, max_batch=10, max_bytes=10_000)
+    futures = [batcher.add("a", b"x", None) for _ in range(3)]
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    assert all(isinstance(r, ValueError) for r in results)
+
+
+async def test_traced_and_plain_messages_do_not_mix() -> None:
+    flush = Recorder()
+    batcher = Batcher(flush, linger=0.01, max_batch=10, max_bytes=10_000)
+    futures = [
+        batcher.add("a", b"plain", None),
+        batcher.add("a", b"traced", 7),
+        batcher.add("a", b"traced", 8),
+    ]
+    await asyncio.gather(*futures)
+    assert [(b[1], b[2]) for b in flush.batches] == [
+        ([b"plain"], None),
+        ([b"traced", b"traced"], [7, 8]),
+    ]
+
+
+async def test_cancel_fails_waiting_callers() -> None:
+    flush = Recorder()
+    batcher = Batcher(flush, linger=10, max_batch=10, max_bytes=10_000)
+    future = batcher.add("a", b"x", None)
+    batcher.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await future
