@@ -49,8 +49,9 @@ from smartnsq.protocol.validation import check_channel, check_partition, check_t
 from smartnsq.retry import Backoff, is_retriable, needs_lookup_refresh
 from smartnsq.telemetry import Telemetry, server_attributes
 from smartnsq.tracelog import TRACE_LOGGER, log_consume
-from smartnsq.transport.connection import Compression, Connection, ConnectionConfig, parse_address
+from smartnsq.transport.connection import Compression, Connection, ConnectionConfig
 from smartnsq.transport.lookup import LookupManager
+from smartnsq.transport.targets import resolve_targets
 
 __all__ = ["Consumer", "ConsumerStats"]
 
@@ -166,10 +167,6 @@ class Consumer:
     ) -> None:
         self.topic = check_topic(topic)
         self.channel = check_channel(channel)
-        if (lookupd is None) == (nsqd is None) and lookup_manager is None:
-            raise ValidationError("lookupd", "give exactly one of lookupd=[...] or nsqd=[...]")
-        if isinstance(lookupd, str) or isinstance(nsqd, str):
-            raise ValidationError("lookupd", "lookupd and nsqd take lists of addresses")
         if type(max_in_flight) is not int or max_in_flight < 0:
             raise ValidationError("max_in_flight", "must be an int >= 0")
         if type(max_attempts) is not int or max_attempts < 1:
@@ -207,12 +204,9 @@ class Consumer:
         else:
             self.backoff = BackoffPolicy() if backoff else None
         self.reconnect_backoff = reconnect_backoff or Backoff(initial=0.5, maximum=30.0)
-        extra: dict[str, Any] = {}
-        if client_id is not None:
-            extra["client_id"] = client_id
-        if user_agent is not None:
-            extra["user_agent"] = user_agent
-        self.connection_config = ConnectionConfig(
+        self.connection_config = ConnectionConfig.build(
+            client_id=client_id,
+            user_agent=user_agent,
             heartbeat_interval=heartbeat_interval,
             tls=tls,
             compression=compression,
@@ -221,14 +215,12 @@ class Consumer:
             connect_timeout=connect_timeout,
             sample_rate=sample_rate,
             msg_timeout=msg_timeout,
-            **extra,
         )
-        self._nsqd = [_check_address(a) for a in nsqd] if nsqd is not None else []
-        self._owns_lookup = lookup_manager is None and lookupd is not None
-        self._lookup = lookup_manager or (
-            LookupManager(list(lookupd), poll_interval=lookupd_poll_interval)
-            if lookupd is not None
-            else None
+        self._nsqd, self._lookup, self._owns_lookup = resolve_targets(
+            lookupd=lookupd,
+            nsqd=nsqd,
+            lookup_manager=lookup_manager,
+            poll_interval=lookupd_poll_interval,
         )
         self._max_in_flight = max_in_flight
         self._low_rdy = (low_rdy_idle_timeout, low_rdy_timeout)
@@ -1120,11 +1112,6 @@ async def _finish_give_up(consumer: Consumer, message: Message, result: Awaitabl
     consumer._answer(message, commands.fin(message.id), "neutral", "finished")
     if consumer.ordered:
         consumer._next_ordered(message._sub, message)
-
-
-def _check_address(address: str) -> str:
-    parse_address(address)
-    return address
 
 
 def _is_coroutine_function(handler: Any) -> bool:

@@ -52,10 +52,10 @@ from smartnsq.transport.connection import (
     Compression,
     Connection,
     ConnectionConfig,
-    parse_address,
 )
 from smartnsq.transport.lookup import LookupManager
 from smartnsq.transport.pool import ConnectionPool
+from smartnsq.transport.targets import resolve_targets
 
 __all__ = ["Producer", "PublishResult"]
 
@@ -178,12 +178,6 @@ class Producer:
         meter_provider: Any = None,
         lookup_manager: LookupManager | None = None,
     ) -> None:
-        if (lookupd is None) == (nsqd is None) and lookup_manager is None:
-            raise ValidationError("lookupd", "give exactly one of lookupd=[...] or nsqd=[...]")
-        if isinstance(lookupd, str) or isinstance(nsqd, str):
-            raise ValidationError("lookupd", "lookupd and nsqd take lists of addresses")
-        if nsqd is not None and not list(nsqd):
-            raise ValidationError("nsqd", "needs at least one address")
         if not publish_timeout > 0:
             raise ValidationError("publish_timeout", "must be > 0 seconds")
         if type(max_retries) is not int or max_retries < 0:
@@ -194,12 +188,9 @@ class Producer:
         self.max_msg_size = max_msg_size
         self.max_body_size = max_body_size
         self.sharder = Sharder(sharding)
-        extra: dict[str, Any] = {}
-        if client_id is not None:
-            extra["client_id"] = client_id
-        if user_agent is not None:
-            extra["user_agent"] = user_agent
-        self.connection_config = ConnectionConfig(
+        self.connection_config = ConnectionConfig.build(
+            client_id=client_id,
+            user_agent=user_agent,
             heartbeat_interval=heartbeat_interval,
             tls=tls,
             compression=compression,
@@ -207,14 +198,12 @@ class Producer:
             auth_secret=auth_secret,
             connect_timeout=connect_timeout,
             request_timeout=request_timeout,
-            **extra,
         )
-        self._nsqd = [_check_nsqd_address(a) for a in nsqd] if nsqd is not None else []
-        self._owns_lookup = lookup_manager is None and lookupd is not None
-        self._lookup = lookup_manager or (
-            LookupManager(list(lookupd), poll_interval=lookupd_poll_interval)
-            if lookupd is not None
-            else None
+        self._nsqd, self._lookup, self._owns_lookup = resolve_targets(
+            lookupd=lookupd,
+            nsqd=nsqd,
+            lookup_manager=lookup_manager,
+            poll_interval=lookupd_poll_interval,
         )
         self._pool = ConnectionPool(
             self.connection_config, connections_per_key=connections_per_partition
@@ -837,11 +826,6 @@ class Producer:
             )
             offset += size
         return results
-
-
-def _check_nsqd_address(address: str) -> str:
-    parse_address(address)
-    return address
 
 
 def _delay_ms(delay: float) -> int:

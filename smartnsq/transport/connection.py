@@ -106,6 +106,17 @@ class ConnectionConfig:
         # IdentifyRequest validates the negotiable values (heartbeat range, levels...).
         self.identify_request(extend_support=None, desired_tag=None)
 
+    @classmethod
+    def build(
+        cls, *, client_id: str | None = None, user_agent: str | None = None, **options: Any
+    ) -> ConnectionConfig:
+        """A config where ``client_id``/``user_agent`` None keep the defaults."""
+        if client_id is not None:
+            options["client_id"] = client_id
+        if user_agent is not None:
+            options["user_agent"] = user_agent
+        return cls(**options)
+
     def identify_request(
         self, *, extend_support: bool | None, desired_tag: str | None
     ) -> IdentifyRequest:
@@ -373,8 +384,11 @@ class Connection(asyncio.Protocol):
         except ProtocolError as exc:
             self.abort(exc)
             return
-        if self._held:
-            return
+        if not self._held:
+            self._process_and_flush()
+
+    def _process_and_flush(self) -> None:
+        """Decode what is buffered; everything written meanwhile leaves in one write."""
         self._in_read = True
         try:
             self._process()
@@ -420,13 +434,7 @@ class Connection(asyncio.Protocol):
         """Continue decoding after a handshake step (frames may already be buffered)."""
         self._held = False
         if self._decoder.buffered:
-            self._in_read = True
-            try:
-                self._process()
-            finally:
-                self._in_read = False
-                if self._wbuf:
-                    self._flush()
+            self._process_and_flush()
 
     def _on_message_frame(self, data: bytes) -> None:
         callback = self.on_message

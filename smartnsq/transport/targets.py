@@ -1,0 +1,43 @@
+"""Where a client finds nsqd: through nsqlookupd (youzan or classic) or a fixed list of
+classic nsqd addresses. Shared by the Producer and the Consumer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from smartnsq.errors import ValidationError
+from smartnsq.transport.connection import parse_address
+from smartnsq.transport.lookup import LookupManager
+
+__all__ = ["Targets", "resolve_targets"]
+
+
+class Targets(NamedTuple):
+    nsqd: list[str]  # direct mode: classic nsqd TCP addresses (empty with lookupd)
+    lookup: LookupManager | None
+    owns_lookup: bool  # the client created the manager, so it closes it
+
+
+def resolve_targets(
+    *,
+    lookupd: Sequence[str] | None,
+    nsqd: Sequence[str] | None,
+    lookup_manager: LookupManager | None = None,
+    poll_interval: float = 60.0,
+) -> Targets:
+    """Validate ``lookupd=[...]`` / ``nsqd=[...]`` (exactly one) and build the lookup."""
+    if lookup_manager is not None:
+        return Targets([], lookup_manager, False)
+    if (lookupd is None) == (nsqd is None):
+        raise ValidationError("lookupd", "give exactly one of lookupd=[...] or nsqd=[...]")
+    if isinstance(lookupd, str) or isinstance(nsqd, str):
+        raise ValidationError("lookupd", "lookupd and nsqd take lists of addresses")
+    if nsqd is not None:
+        addresses = list(nsqd)
+        if not addresses:
+            raise ValidationError("nsqd", "needs at least one address")
+        for address in addresses:
+            parse_address(address)
+        return Targets(addresses, None, False)
+    return Targets([], LookupManager(list(lookupd or ()), poll_interval=poll_interval), True)
