@@ -4,6 +4,7 @@ subprocess (``python -m smartnsq cluster``) and reached through its port file.""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import signal
 import sys
@@ -15,7 +16,7 @@ import httpx
 import pytest
 
 from smartnsq.cli import UsageError, main
-from smartnsq.cli.cluster import ChannelSpec, TopicSpec, parse_channel, parse_topic
+from smartnsq.cli.cluster import ChannelSpec, TopicSpec, parse_channel, parse_topic, tune_gc
 from smartnsq.protocol import commands as c
 from smartnsq.protocol.frames import FRAME_TYPE_RESPONSE, Frame
 from smartnsq.protocol.message import MessageLayout
@@ -222,3 +223,19 @@ def test_usage_errors_exit_2_before_starting(
     assert err.count("\n") == 1
     assert err.startswith("smartnsq cluster: error: ")
     assert message in err
+
+
+def test_tune_gc_is_undone() -> None:
+    before = gc.get_threshold()
+    callbacks = list(gc.callbacks)
+    restore = tune_gc()
+    try:
+        assert gc.get_threshold() != before
+        assert len(gc.callbacks) == len(callbacks) + 1
+        gc.collect(1)  # survivors are frozen
+        assert gc.get_freeze_count() > 0
+    finally:
+        restore()
+    assert gc.get_threshold() == before
+    assert gc.callbacks == callbacks
+    assert gc.get_freeze_count() == 0
