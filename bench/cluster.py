@@ -18,6 +18,7 @@ Where the cluster runs:
   column is then the whole process (cluster + benchmark client), an upper bound;
 * ``--spawn``: ``smartnsq cluster`` in a child process pinned to core 0 (the benchmark pins
   itself to core 1); the CPU column is the child's, read from /proc/<pid>/stat;
+  each scenario gets a fresh cluster (in-process too);
 * ``--port-file PATH``: a ``smartnsq cluster`` started separately (pin it yourself, e.g.
   ``taskset -c 0 smartnsq cluster --nodes 1 --topic bench1:1:1 --topic bench4:4:1
   --channel bench1:bench --channel bench4:bench --port-file /tmp/nsq.json``); every youzan
@@ -331,28 +332,27 @@ async def bench_in_process(args: argparse.Namespace) -> list[Row]:
     from smartnsq.cli.cluster import describe
     from smartnsq.testing import Cluster
 
+    # A fresh cluster per scenario: one does not pay for the messages another stored.
     rows = []
     record = args.record_deliveries
-    async with Cluster(args.nodes, record_deliveries=record) as cluster:
-        await cluster.create_topic("bench1", 1, 1, channels=[CHANNEL])
-        await cluster.create_topic("bench4", 4, 1, channels=[CHANNEL])
-        rows += await bench_info(describe(cluster, os.getpid()), args)
+    for topic, partitions in (("bench1", 1), ("bench4", 4)):
+        async with Cluster(args.nodes, record_deliveries=record) as cluster:
+            await cluster.create_topic(topic, partitions, 1, channels=[CHANNEL])
+            rows += await bench_info(describe(cluster, os.getpid()), args)
     async with Cluster(1, classic=True, record_deliveries=record) as cluster:
         rows += await bench_info(describe(cluster, os.getpid()), args)
     return rows
 
 
 def bench_spawned(args: argparse.Namespace) -> list[Row]:
+    # A fresh child per scenario: one does not pay for the messages another stored.
     youzan = [
-        f"--nodes={args.nodes}",
-        "--topic=bench1:1:1",
-        "--topic=bench4:4:1",
-        f"--channel=bench1:{CHANNEL}",
-        f"--channel=bench4:{CHANNEL}",
+        [f"--nodes={args.nodes}", f"--topic={topic}:{n}:1", f"--channel={topic}:{CHANNEL}"]
+        for topic, n in (("bench1", 1), ("bench4", 4))
     ]
     classic = ["--classic", "--nodes=1", "--topic=bench", f"--channel=bench:{CHANNEL}"]
     rows = []
-    for extra in (youzan, classic):
+    for extra in (*youzan, classic):
         with tempfile.TemporaryDirectory() as tmp:
             port_file = Path(tmp) / "cluster.json"
             argv = [sys.executable, "-m", "smartnsq", "cluster", *extra]
