@@ -106,17 +106,11 @@ class Delivery:
 
     __slots__ = ("attempts", "client", "deadline", "record")
 
-    def __init__(
-        self,
-        record: Record,
-        client: Subscriber | None = None,
-        deadline: float = 0.0,
-        attempts: int = 0,
-    ) -> None:
+    def __init__(self, record: Record) -> None:
         self.record = record
-        self.attempts = attempts
-        self.deadline = deadline
-        self.client = client
+        self.attempts = 0
+        self.deadline = 0.0
+        self.client: Subscriber | None = None
 
 
 @dataclass
