@@ -39,6 +39,7 @@ _unpack_i32 = struct.Struct(">i").unpack_from
 _FIN_PREFIX = b"FIN "
 _REQ_PREFIX = b"REQ "
 _TOUCH_PREFIX = b"TOUCH "
+_FIN_SIZE = len(_FIN_PREFIX) + MESSAGE_ID_SIZE + 1
 
 
 class ClientCommand(NamedTuple):
@@ -121,6 +122,29 @@ class CommandParser(InputBuffer):
             return None
         self._pos = body_start + size
         return ClientCommand(name, params, bytes(buf[body_start : body_start + size]), size)
+
+    def take_fins(self) -> list[bytes]:
+        """The ids of the well-formed ``FIN <16-byte id>\\n`` commands at the head of the
+        stream, consumed; empty if the next command is anything else.
+
+        A fast path for servers: consumers send FINs in runs, and one call per run avoids a
+        :class:`ClientCommand` per message. A malformed FIN is left for :meth:`next_command`.
+        """
+        if self._broken or self._magic_pending:
+            return []
+        buf = self._buf
+        pos = start = self._pos
+        end = len(buf)
+        size = _FIN_SIZE
+        while (
+            end - pos >= size and buf.startswith(_FIN_PREFIX, pos) and buf[pos + size - 1] == 0x0A
+        ):
+            pos += size
+        if pos == start:
+            return []
+        self._pos = pos
+        run = bytes(buf[start:pos])
+        return [run[i : i + MESSAGE_ID_SIZE] for i in range(len(_FIN_PREFIX), len(run), size)]
 
     def _fixed_id_command(self, name: bytes, pos: int, id_offset: int) -> ClientCommand | None:
         total = id_offset + MESSAGE_ID_SIZE + 1

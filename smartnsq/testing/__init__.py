@@ -2,9 +2,38 @@
 
 It serves real TCP and HTTP on 127.0.0.1 with OS-chosen ports and answers like the real
 servers recorded in the project's captures. It is an emulator, not a production broker.
+
+The names below are imported on first use: the pytest plugin lives in this package and is
+loaded by every pytest run, which should not pay for asyncio and the cluster's modules.
 """
 
-from smartnsq.testing.cluster import Cluster, ClusterError
-from smartnsq.testing.state import ChannelRecord, Record
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from smartnsq.testing.cluster import Cluster, ClusterError
+    from smartnsq.testing.state import ChannelRecord, Record
 
 __all__ = ["ChannelRecord", "Cluster", "ClusterError", "Record"]
+
+_HOMES = {
+    "ChannelRecord": "smartnsq.testing.state",
+    "Cluster": "smartnsq.testing.cluster",
+    "ClusterError": "smartnsq.testing.cluster",
+    "Record": "smartnsq.testing.state",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -9,9 +9,11 @@ the channels it subscribes to. Nothing of the client's transport is used here.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import ssl
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,7 +47,9 @@ log = logging.getLogger("smartnsq.testing.nsqd")
 YOUZAN_VERSION = "0.3.7-HA.1.13.0"
 CLASSIC_VERSION = "1.3.0"
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
-_INT_CHARS = frozenset("0123456789")
+_OK_FRAME = encode_response(OK)  # the answer to nearly every PUB
+# The head of a message frame: size, frame type, timestamp, attempts.
+_pack_plain_head = struct.Struct(">iiqH").pack
 
 
 @dataclass
@@ -97,6 +101,7 @@ def _go_bytes(data: bytes) -> str:
     return "[" + " ".join(str(b) for b in data) + "]"
 
 
+@functools.lru_cache(maxsize=4096)  # checked on every PUB; a client uses few names
 def _valid_name(name: str) -> bool:
     base = name[: -len("#ephemeral")] if name.endswith("#ephemeral") else name
     return 1 <= len(name) <= 64 and bool(base) and set(base) <= _NAME_CHARS
@@ -104,7 +109,8 @@ def _valid_name(name: str) -> bool:
 
 def _atoi(text: str) -> int:
     digits = text[1:] if text[:1] in "+-" else text
-    if not digits or not set(digits) <= _INT_CHARS:
+    # isdigit() alone would take other scripts' digits; isascii() keeps it to 0-9.
+    if not (digits.isascii() and digits.isdigit()):
         raise ValueError(f'strconv.Atoi: parsing "{text}": invalid syntax')
     return int(text)
 
@@ -231,6 +237,7 @@ class ClientSession(asyncio.Protocol):
         self.in_flight = 0
         self.ext_block = False
         self.detail = False
+        self._plain_frames = True
         self.published = 0
         self._last_read = time.monotonic()
         self._hb_handle: asyncio.TimerHandle | None = None
@@ -264,9 +271,15 @@ class ClientSession(asyncio.Protocol):
         self._process()
 
     def _process(self) -> None:
+        parser = self.parser
         while not self._upgrading and not self._closed and not self._closing_after_flush:
+            if self.channel is not None and self._fins_allowed():
+                fins = parser.take_fins()
+                if fins:
+                    self._finish_many(fins)
+                    continue
             try:
-                command = self.parser.next_command()
+                command = parser.next_command()
             except ProtocolError as exc:
                 self._fatal(ClientError("E_BAD_PROTOCOL", str(exc)))
                 return
@@ -280,7 +293,9 @@ class ClientSession(asyncio.Protocol):
                     return
                 self._write(encode_error(exc.text))
                 continue
-            if response is not None:
+            if response is OK:
+                self._write(_OK_FRAME)
+            elif response is not None:
                 self._write(encode_response(response))
 
     # ------------------------------------------------------------------ output
@@ -629,6 +644,7 @@ class ClientSession(asyncio.Protocol):
         self.channel = channel
         self.detail = detail
         self.ext_block = ext and self.extend_support
+        self._plain_frames = not (self.detail or self.ext_block)
         channel.add_client(self)
         self.cluster.changed()
         return OK
@@ -669,16 +685,17 @@ class ClientSession(asyncio.Protocol):
     # PUB family -------------------------------------------------------------------------
 
     def _pub_target(self, kind: str, command: ClientCommand) -> tuple[PartitionLog, Topic | None]:
-        params = [p.decode("utf-8", "replace") for p in command.params]
+        params = command.params
         if not params:
             raise ClientError("E_INVALID", f"{kind} insufficient number of parameters")
         self._need_auth(kind)
-        topic_name = params[0]
+        topic_name = params[0].decode("utf-8", "replace")
         if not _valid_name(topic_name):
             raise ClientError("E_BAD_TOPIC", f'{kind} topic name "{topic_name}" is not valid')
         if not self.settings.youzan:
             return self.cluster.classic_topic(self.node, topic_name), None
-        topic, partition = self._resolve(kind, topic_name, params[1] if len(params) > 1 else None)
+        partition_text = params[1].decode("utf-8", "replace") if len(params) > 1 else None
+        topic, partition = self._resolve(kind, topic_name, partition_text)
         if partition.leader != self.node.index:
             raise ClientError("E_FAILED_ON_NOT_LEADER", "", fatal=False)
         if not partition.writable:
@@ -821,8 +838,7 @@ class ClientSession(asyncio.Protocol):
 
     def _mpub(self, command: ClientCommand) -> bytes | None:
         log_, _, elements = self._mpub_common("MPUB", command)
-        for element in elements:
-            log_.append(element)
+        log_.extend(elements)
         self._published(len(elements))
         return OK
 
@@ -909,6 +925,28 @@ class ClientSession(asyncio.Protocol):
         self.cluster.changed()
         return None
 
+    def _fins_allowed(self) -> bool:
+        """Whether a FIN now would pass every check of :meth:`_dispatch` and :meth:`_fin`
+        but the id's, so a run of FINs can skip them (the fast path of a consumer)."""
+        if self.settings.tls_required and not self.tls:
+            return False
+        channel = self.channel
+        if channel is None:
+            return False
+        partition = self.cluster.partition_of(channel.log)
+        return partition is None or partition.leader == self.node.index
+
+    def _finish_many(self, message_ids: list[bytes]) -> None:
+        """A run of FINs, answered as :meth:`_fin` answers each of them."""
+        channel = self.channel
+        if channel is None:
+            return
+        failed = channel.finish_many(message_ids, self)
+        for message_id in failed:
+            self._write(encode_error(self._id_failed("E_FIN_FAILED", "FIN", message_id).text))
+        if len(failed) < len(message_ids):
+            self.cluster.changed()
+
     def _req(self, command: ClientCommand) -> bytes | None:
         message_id = self._message_id("REQ", command)
         channel = self._check_leader("REQ")
@@ -950,19 +988,39 @@ class ClientSession(asyncio.Protocol):
     # ------------------------------------------------------------------ delivery
 
     def deliver(self, delivery: Delivery) -> None:
-        record = delivery.record
-        self._write(
-            encode_message_frame(
-                record.timestamp,
-                delivery.attempts,
-                record.id,
-                record.body,
-                ext_version=record.ext_version if self.ext_block else None,
-                ext_raw=record.ext_raw,
-                offset=record.offset if self.detail else None,
-                raw_size=record.raw_size if self.detail else None,
-            )
-        )
+        self.deliver_many([delivery])
+
+    def deliver_many(self, deliveries: list[Delivery]) -> None:
+        out = self._out
+        if self._plain_frames:
+            # encode_message_frame's bytes without its generality: the layout has no ext or
+            # detail block, so a frame is [head][id][body].
+            for delivery in deliveries:
+                record = delivery.record
+                body = record.body
+                out.append(_pack_plain_head(30 + len(body), 2, record.timestamp, delivery.attempts))
+                out.append(record.id)
+                out.append(body)
+        else:
+            ext = self.ext_block
+            detail = self.detail
+            for delivery in deliveries:
+                record = delivery.record
+                out.append(
+                    encode_message_frame(
+                        record.timestamp,
+                        delivery.attempts,
+                        record.id,
+                        record.body,
+                        ext_version=record.ext_version if ext else None,
+                        ext_raw=record.ext_raw,
+                        offset=record.offset if detail else None,
+                        raw_size=record.raw_size if detail else None,
+                    )
+                )
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
 
 
 class _StoredDeflate(DeflateCodec):

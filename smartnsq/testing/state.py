@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import struct
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -32,6 +33,9 @@ __all__ = [
 _DISK_HEADER = 4 + 26
 # Messages a client takes per turn when several clients share a channel.
 _TURN = 64
+# A lone client takes all its room in one turn (turns only matter between clients).
+_WHOLE_TURN = 1 << 30
+_pack_ids = struct.Struct(">QQ").pack  # youzan_message_id without the call, for MPUB
 # Messages the tag dispatcher sets aside per pump before waiting for clients to free up.
 _MAX_PARKED = 1000
 
@@ -93,6 +97,8 @@ class Subscriber(Protocol):
     label: str
 
     def deliver(self, delivery: Delivery) -> None: ...
+
+    def deliver_many(self, deliveries: list[Delivery]) -> None: ...
 
 
 class Delivery:
@@ -157,6 +163,20 @@ class PartitionLog:
         tag: str | None = None,
         timestamp: int | None = None,
     ) -> Record:
+        record = self._append(body, trace_id, ext_version, ext_raw, tag, timestamp)
+        for channel in self.channels.values():
+            channel.schedule_pump()
+        return record
+
+    def _append(
+        self,
+        body: bytes,
+        trace_id: int,
+        ext_version: int | None,
+        ext_raw: bytes,
+        tag: str | None,
+        timestamp: int | None,
+    ) -> Record:
         sequence = next(self._sequence)
         if self.classic:
             internal_id = (int(time.time() * 1000) << 22) | (sequence & 0x3FFFFF)
@@ -186,9 +206,52 @@ class PartitionLog:
         )
         self.records.append(record)
         self.end_offset += raw_size
+        return record
+
+    def extend(self, bodies: list[bytes]) -> None:
+        """Append plain messages (MPUB: no trace id, ext header or tag), like :meth:`append`
+        for each body, with one wake-up of the channels for the batch."""
+        if self.ext:
+            for body in bodies:
+                self._append(body, 0, None, b"", None, None)
+        else:
+            # _append inlined for the plain layouts (MPUB is the hot path of producers).
+            records = self.records
+            index = len(records)
+            offset = self.end_offset
+            sequence = self._sequence
+            classic = self.classic
+            high = (self.partition or 0) << PARTITION_ID_SHIFT
+            clock = time.time
+            time_ns = time.time_ns
+            for body in bodies:
+                if classic:
+                    internal_id = (int(clock() * 1000) << 22) | (next(sequence) & 0x3FFFFF)
+                    message_id = b"%016x" % (internal_id & 0xFFFFFFFFFFFFFFFF)
+                else:
+                    internal_id = high | next(sequence)
+                    message_id = _pack_ids(internal_id, 0)
+                raw_size = _DISK_HEADER + len(body)
+                records.append(
+                    Record(
+                        index,
+                        message_id,
+                        internal_id,
+                        0,
+                        time_ns(),
+                        body,
+                        None,
+                        b"",
+                        offset,
+                        raw_size,
+                        None,
+                    )
+                )
+                index += 1
+                offset += raw_size
+            self.end_offset = offset
         for channel in self.channels.values():
             channel.schedule_pump()
-        return record
 
     def index_for_offset(self, offset: int) -> int:
         """Index of the first record at or after a queue offset."""
@@ -316,22 +379,70 @@ class Channel:
 
     def _pump_unordered(self) -> None:
         clients = self.clients
+        turn = _TURN if len(clients) > 1 else _WHOLE_TURN
+        records = self.log.records
+        requeue = self.requeue
+        in_flight = self.in_flight
+        now = self._clock()
         while True:
             sent = False
             for client in clients:
-                room = min(client.rdy - client.in_flight, _TURN)
+                room = min(client.rdy - client.in_flight, turn)
+                if room <= 0:
+                    continue
+                # Same deadline for the batch: they leave in the same write.
+                deadline = now + client.msg_timeout
+                rate = client.sample_rate
+                batch: list[Delivery] = []
+                exhausted = False
                 while room > 0:
-                    delivery = self._next_delivery()
-                    if delivery is None:
-                        return
-                    if client.sample_rate and _sampled_out(client.sample_rate):
+                    if requeue:
+                        delivery = requeue.popleft()
+                    else:
+                        index = self.next_index
+                        if index >= len(records):
+                            exhausted = True
+                            break
+                        record = records[index]
+                        self.next_index = index + 1
+                        if record.not_before and record.not_before > self._clock():
+                            heapq.heappush(
+                                self.deferred,
+                                (record.not_before, next(self._deferred_seq), Delivery(record)),
+                            )
+                            continue
+                        delivery = Delivery(record)
+                    if rate and _sampled_out(rate):
                         self._finish(delivery, sampled=True)
                         continue
-                    self._send(delivery, client)
+                    delivery.attempts += 1
+                    delivery.client = client
+                    delivery.deadline = deadline
+                    in_flight[delivery.record.id] = delivery
+                    batch.append(delivery)
                     room -= 1
+                if batch:
+                    self._sent(batch, client, deadline)
                     sent = True
+                if exhausted:
+                    return
             if not sent:
                 return
+
+    def _sent(self, batch: list[Delivery], client: Subscriber, deadline: float) -> None:
+        """Bookkeeping of a batch already in flight, then hand it to the client."""
+        count = len(batch)
+        client.in_flight += count
+        self.message_count += count
+        if deadline < self.next_deadline:
+            self.next_deadline = deadline
+        if self.record is not None:
+            partition = self.log.partition
+            label = client.label
+            self.record.deliveries.extend(
+                (partition, d.record.internal_id, d.attempts, label) for d in batch
+            )
+        client.deliver_many(batch)
 
     def _pump_tagged(self) -> None:
         """Tag dispatch (youzan ext topics): a tagged message goes to a client that wants its
@@ -403,6 +514,30 @@ class Channel:
         self._finish(delivery)
         self.schedule_pump()
         return True
+
+    def finish_many(self, message_ids: list[bytes], client: Subscriber) -> list[bytes]:
+        """:meth:`finish` each id in turn; returns the ids that were not in flight for
+        ``client`` (each one a FIN error), in order."""
+        in_flight = self.in_flight
+        failed: list[bytes] = []
+        finished: list[Delivery] = []
+        for message_id in message_ids:
+            delivery = in_flight.get(message_id)
+            if delivery is None or delivery.client is not client:
+                failed.append(message_id)
+                continue
+            del in_flight[message_id]
+            delivery.client = None
+            finished.append(delivery)
+        if finished:
+            count = len(finished)
+            client.in_flight -= count
+            self.finish_count += count
+            if self.record is not None:
+                partition = self.log.partition
+                self.record.finished.extend((partition, d.record.internal_id) for d in finished)
+            self.schedule_pump()
+        return failed
 
     def _finish(self, delivery: Delivery, *, sampled: bool = False) -> None:
         self.finish_count += 1

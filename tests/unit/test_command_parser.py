@@ -108,3 +108,85 @@ def test_split_mpub() -> None:
         split_mpub(struct.pack(">ii", 1, 5000) + b"x" * 5000, 1024)
     with pytest.raises(MpubFormatError):
         split_mpub(struct.pack(">ii", 2, 1) + b"x", 1024)
+
+
+# --------------------------------------------------------------------------- take_fins
+
+
+def _parse_with_fin_runs(parser: CommandParser) -> list[ClientCommand]:
+    """What a server taking FIN runs sees, as ClientCommands (for comparison)."""
+    out: list[ClientCommand] = []
+    while True:
+        fins = parser.take_fins()
+        if fins:
+            out += [ClientCommand(b"FIN", (message_id,)) for message_id in fins]
+            continue
+        cmd = parser.next_command()
+        if cmd is None:
+            return out
+        out.append(cmd)
+
+
+def test_take_fins_takes_a_run_and_stops_at_anything_else() -> None:
+    ids = [NASTY_ID, b"0000000000000001", b"FIN FIN FIN FIN "]
+    stream = c.MAGIC_V2 + b"".join(c.fin(i) for i in ids) + c.rdy(5) + c.fin(ids[0])
+    parser = CommandParser()
+    parser.feed(stream)
+    assert parser.take_fins() == []  # the magic comes first
+    assert parser.next_command() == ClientCommand(b"FIN", (ids[0],))
+    assert parser.take_fins() == ids[1:]
+    assert parser.take_fins() == []
+    assert parser.next_command() == ClientCommand(b"RDY", (b"5",))
+    assert parser.take_fins() == [ids[0]]
+    assert parser.take_fins() == []
+    assert parser.next_command() is None
+
+
+def test_take_fins_leaves_malformed_and_partial_fins() -> None:
+    parser = CommandParser()
+    parser.feed(c.MAGIC_V2 + c.nop() + c.fin(NASTY_ID) + b"FIN not-16-bytes-long\n")
+    assert parser.next_command() == ClientCommand(b"NOP")
+    assert parser.take_fins() == [NASTY_ID]
+    assert parser.take_fins() == []  # malformed: left for next_command to report
+    assert parser.next_command() == ClientCommand(b"FIN", (b"not-16-bytes-long",))
+    parser.feed(c.fin(NASTY_ID)[:10])
+    assert parser.take_fins() == []  # incomplete
+    parser.feed(c.fin(NASTY_ID)[10:])
+    assert parser.take_fins() == [NASTY_ID]
+
+
+def test_take_fins_after_a_broken_stream() -> None:
+    parser = CommandParser()
+    parser.feed(c.MAGIC_V2 + b"PUB t\n" + struct.pack(">i", 0) + c.fin(NASTY_ID))
+    assert parser.next_command() == ClientCommand(b"PUB", (b"t",), None, 0)
+    assert parser.take_fins() == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(
+        st.one_of(
+            st.binary(min_size=16, max_size=16).map(c.fin),
+            st.just(b"FIN short\n"),
+            st.just(c.nop()),
+            st.binary(min_size=16, max_size=16).map(lambda i: c.req(i, 5)),
+            st.just(c.pub("t", b"x\ny", 1)),
+        ),
+        max_size=40,
+    ),
+    cuts=st.lists(st.integers(0, 3000), max_size=20),
+)
+def test_take_fins_parses_like_next_command(ops: list[bytes], cuts: list[int]) -> None:
+    stream = c.MAGIC_V2 + b"".join(ops)
+    fast, slow = CommandParser(), CommandParser()
+    got: list[ClientCommand] = []
+    last = 0
+    for point in [*sorted({x % (len(stream) + 1) for x in cuts}), len(stream)]:
+        fast.feed(stream[last:point])
+        last = point
+        got += _parse_with_fin_runs(fast)
+    slow.feed(stream)
+    expected = []
+    while (cmd := slow.next_command()) is not None:
+        expected.append(cmd)
+    assert got == expected

@@ -1,0 +1,161 @@
+"""The pytest plugin (entry point ``pytest11: smartnsq``): the ``nsq_cluster`` fixture and
+marker, run by a separate pytest through ``pytester`` so the installed entry point is what
+loads it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+AUTO = """
+[pytest]
+asyncio_mode = auto
+asyncio_default_fixture_loop_scope = function
+"""
+
+STRICT = AUTO.replace("auto", "strict")
+
+USES_THE_FIXTURE = """
+import asyncio
+
+import pytest
+
+from smartnsq.testing import Cluster
+
+seen = []
+
+
+async def _identify(address):
+    host, port = address.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"  V2IDENTIFY\\n" + len(b"{}").to_bytes(4, "big") + b"{}")
+    await writer.drain()
+    frame = await asyncio.wait_for(reader.readexactly(10), 5)
+    writer.close()
+    await writer.wait_closed()
+    return frame
+
+
+async def test_default_is_a_started_youzan_cluster_of_3(nsq_cluster):
+    assert isinstance(nsq_cluster, Cluster)
+    assert (len(nsq_cluster.nodes), nsq_cluster.classic, len(nsq_cluster.lookupds)) == (3, False, 1)
+    await nsq_cluster.create_topic("orders", 2, 2, channels=["billing"])
+    assert nsq_cluster.topology("orders")[0]["writable"]
+    ok_frame = (6).to_bytes(4, "big") + (0).to_bytes(4, "big") + b"OK"
+    assert await _identify(nsq_cluster.nsqd_addresses[0]) == ok_frame
+    seen.append(nsq_cluster)
+
+
+async def test_each_test_gets_a_new_cluster_and_the_last_one_was_stopped(nsq_cluster):
+    assert seen and seen[0] is not nsq_cluster
+    with pytest.raises(OSError):
+        await _identify(seen[0].nsqd_addresses[0])
+
+
+@pytest.mark.nsq_cluster(nodes=1, classic=True)
+async def test_marker_classic(nsq_cluster):
+    assert nsq_cluster.classic
+    assert len(nsq_cluster.nodes) == 1
+
+
+@pytest.mark.nsq_cluster(2, lookupds=2, failover_delay=0.5, msg_timeout=5.0)
+async def test_marker_options(nsq_cluster):
+    assert len(nsq_cluster.nodes) == 2
+    assert len(nsq_cluster.lookupds) == 2
+    assert nsq_cluster.failover_delay == 0.5
+    assert nsq_cluster.settings.msg_timeout == 5.0
+
+
+@pytest.mark.nsq_cluster(nodes=4)
+class TestClassMarker:
+    async def test_class_marker(self, nsq_cluster):
+        assert len(nsq_cluster.nodes) == 4
+
+    @pytest.mark.nsq_cluster(nodes=1)
+    async def test_closest_marker_wins(self, nsq_cluster):
+        assert len(nsq_cluster.nodes) == 1
+"""
+
+
+def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=50)
+
+
+def test_fixture_and_marker_in_auto_mode(pytester: pytest.Pytester) -> None:
+    pytester.makeini(AUTO)
+    pytester.makepyfile(test_uses=USES_THE_FIXTURE)
+    result = _run(pytester, "-v", "--strict-markers", "-W", "error")
+    result.assert_outcomes(passed=6)
+
+
+def test_fixture_in_strict_mode(pytester: pytest.Pytester) -> None:
+    pytester.makeini(STRICT)
+    pytester.makepyfile(
+        test_strict="""
+        import pytest
+
+        @pytest.mark.asyncio
+        @pytest.mark.nsq_cluster(nodes=1)
+        async def test_strict(nsq_cluster):
+            assert len(nsq_cluster.nodes) == 1
+            await nsq_cluster.create_topic("t", 1, 1)
+        """
+    )
+    _run(pytester).assert_outcomes(passed=1)
+
+
+def test_bad_marker_arguments_fail_the_test_with_one_line(pytester: pytest.Pytester) -> None:
+    pytester.makeini(AUTO)
+    pytester.makepyfile(
+        test_bad="""
+        import pytest
+
+        @pytest.mark.nsq_cluster(node=3)
+        async def test_typo(nsq_cluster):
+            pass
+
+        @pytest.mark.nsq_cluster(nodes=0)
+        async def test_invalid(nsq_cluster):
+            pass
+        """
+    )
+    result = _run(pytester)
+    result.assert_outcomes(errors=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*@pytest.mark.nsq_cluster: got an unexpected keyword argument 'node'*",
+            "*@pytest.mark.nsq_cluster: nodes: must be >= 1*",
+        ]
+    )
+
+
+def test_runs_that_do_not_use_it_are_unaffected(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_plain="def test_plain():\n    assert True\n")
+    # Strict markers and warnings as errors, without pytest-asyncio and then with it (which
+    # wants its loop scope configured, or warns itself).
+    _run(pytester, "-p", "no:asyncio", "--strict-markers", "-W", "error").assert_outcomes(passed=1)
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    _run(pytester, "--strict-markers", "-W", "error").assert_outcomes(passed=1)
+
+
+def test_without_pytest_asyncio_the_fixture_explains_itself(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_sync="def test_wants_it(nsq_cluster):\n    pass\n")
+    result = _run(pytester, "-p", "no:asyncio")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*the nsq_cluster fixture needs pytest-asyncio*"])
+
+
+def test_the_plugin_is_cheap_to_import() -> None:
+    code = (
+        "import sys; import smartnsq.testing.pytest_plugin; "
+        "print(sorted(m for m in ('asyncio', 'smartnsq.testing.cluster', 'httpx') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True
+    )
+    assert out.stdout.strip() == "[]"
