@@ -1,26 +1,52 @@
-"""smartnsq: the smart asyncio client for NSQ (youzan HA partitions and classic nsqd)."""
+"""smartnsq: the smart asyncio client for NSQ (youzan HA partitions and classic nsqd).
+
+The clients are imported on first use (PEP 562), so ``import smartnsq`` (and the pytest
+plugin, which every pytest run loads) stays cheap: only the exception tree is eager.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from smartnsq._version import __version__
-from smartnsq.consumer import Consumer, ConsumerStats
 from smartnsq.errors import *  # noqa: F403 - the exception tree is part of the public API
 from smartnsq.errors import __all__ as _errors_all
-from smartnsq.flow.backoff import BackoffPolicy
-from smartnsq.message import Message
-from smartnsq.producer import Producer, PublishResult
-from smartnsq.protocol.commands import StartPosition
-from smartnsq.retry import Backoff
-from smartnsq.routing.sharding import Sharder
 
-__all__ = [
-    "Backoff",
-    "BackoffPolicy",
-    "Consumer",
-    "ConsumerStats",
-    "Message",
-    "Producer",
-    "PublishResult",
-    "Sharder",
-    "StartPosition",
-    "__version__",
-    *_errors_all,
-]
+if TYPE_CHECKING:
+    from smartnsq.consumer import Consumer as Consumer
+    from smartnsq.consumer import ConsumerStats as ConsumerStats
+    from smartnsq.flow.backoff import BackoffPolicy as BackoffPolicy
+    from smartnsq.message import Message as Message
+    from smartnsq.producer import Producer as Producer
+    from smartnsq.producer import PublishResult as PublishResult
+    from smartnsq.protocol.commands import StartPosition as StartPosition
+    from smartnsq.retry import Backoff as Backoff
+    from smartnsq.routing.sharding import Sharder as Sharder
+
+_LAZY = {
+    "Backoff": "smartnsq.retry",
+    "BackoffPolicy": "smartnsq.flow.backoff",
+    "Consumer": "smartnsq.consumer",
+    "ConsumerStats": "smartnsq.consumer",
+    "Message": "smartnsq.message",
+    "Producer": "smartnsq.producer",
+    "PublishResult": "smartnsq.producer",
+    "Sharder": "smartnsq.routing.sharding",
+    "StartPosition": "smartnsq.protocol.commands",
+}
+
+__all__ = [*sorted(_LAZY), "__version__", *_errors_all]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'smartnsq' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
