@@ -50,13 +50,16 @@ from smartnsq.errors import (
 )
 from smartnsq.protocol.lookupd import (
     ACCEPT_V1,
+    TOPIC_NOT_FOUND,
     Access,
     LookupdHTTPError,
     LookupdNode,
+    Node,
     TopicLayout,
     merge_layouts,
     parse_listlookup,
     parse_lookup,
+    parse_node,
     unwrap_response,
 )
 from smartnsq.protocol.validation import check_topic
@@ -140,6 +143,7 @@ class _Lookupd:
     failures: int = 0
     retry_at: float = 0.0
     last_error: str = ""
+    classic: bool = False  # answered /listlookup with a 404: a classic nsqlookupd
 
 
 @dataclass(eq=False)
@@ -469,6 +473,11 @@ class LookupManager:
         errors = [a.error for a in answers if a.error is not None]
         if any(e.topic_has_no_channel for e in errors):
             raise TopicHasNoChannelError(topic)
+        if access == "w" and errors and all(e.message.strip() == TOPIC_NOT_FOUND for e in errors):
+            # Classic NSQ creates a topic on its first PUB to any nsqd: publish there.
+            bootstrap = await self._classic_nodes(topic, [t for t in targets if t.classic])
+            if bootstrap is not None:
+                return bootstrap
         for error in errors:
             if error.topic_not_found:
                 raise error.to_exception(topic)
@@ -483,6 +492,25 @@ class LookupManager:
         raise LookupFailedError(
             f"no nsqlookupd answered the lookup of topic {topic!r} (access={access}): {details}"
         )
+
+    async def _classic_nodes(self, topic: str, lookupds: list[_Lookupd]) -> TopicLayout | None:
+        """A write layout of every nsqd that classic lookupds know (``GET /nodes``)."""
+        nodes: dict[Node, None] = {}
+        for lookupd in lookupds:
+            try:
+                payload = await self._get(lookupd, "/nodes", None)
+                if isinstance(payload, LookupdHTTPError) or not isinstance(payload, dict):
+                    continue
+                for index, peer in enumerate(payload.get("producers") or []):
+                    nodes[parse_node(peer, f"producers[{index}]")] = None
+            except _FAILURES as exc:
+                self._mark_failed(lookupd, exc)
+        if not nodes:
+            return None
+        self._logger.info(
+            "topic %r is new: publishing to any of the %d classic nsqd nodes", topic, len(nodes)
+        )
+        return TopicLayout(topic, "w", classic_nodes=tuple(nodes))
 
     async def _lookup_one(self, lookupd: _Lookupd, topic: str, access: Access) -> _Answer:
         params = {"topic": topic, "access": access, "metainfo": "true"}
@@ -541,6 +569,7 @@ class LookupManager:
             payload = await self._get(lookupd, "/listlookup", None, tolerate_404=True)
             if isinstance(payload, LookupdHTTPError):
                 # A classic nsqlookupd has no /listlookup (404); keep what we know.
+                lookupd.classic = True
                 self._mark_ok(lookupd)
                 self._logger.debug("nsqlookupd %s: no /listlookup (%s)", lookupd.address, payload)
                 return None

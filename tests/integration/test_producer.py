@@ -165,8 +165,10 @@ async def test_classic_lookupd_mode() -> None:
             result = await producer.publish("events", b"via lookupd")
             assert result.partition is None
             assert result.address == cluster.nsqd_addresses[0]
-            with pytest.raises(e.TopicNotFoundError):
-                await producer.publish("unknown", b"x")
+            # A new topic: classic NSQ creates it on the first PUB to any nsqd (/nodes).
+            created = await producer.publish("brand-new", b"first")
+            assert created.address == cluster.nsqd_addresses[0]
+        assert [r.body for r in cluster.messages("brand-new")] == [b"first"]
 
 
 # --------------------------------------------------------------------------- retries

@@ -95,6 +95,7 @@ Answer = httpx.Response | Callable[[httpx.Request], httpx.Response]
 class FakeLookupd:
     lookup: Answer = field(default_factory=lambda: youzan_answer({0: 24510}))
     listlookup: Answer = field(default_factory=lambda: NO_COORDINATOR)
+    nodes: Answer | None = None
     down: bool = False
     delay: float = 0.0
     gate: asyncio.Event | None = None
@@ -106,7 +107,10 @@ class FakeLookupd:
             await asyncio.sleep(self.delay)
         if self.down:
             raise httpx.ConnectError("connection refused", request=request)
-        answer = self.lookup if request.url.path == "/lookup" else self.listlookup
+        if request.url.path == "/nodes" and self.nodes is not None:
+            answer = self.nodes
+        else:
+            answer = self.lookup if request.url.path == "/lookup" else self.listlookup
         return answer(request) if callable(answer) else answer
 
 
@@ -567,6 +571,30 @@ async def test_all_down_with_cache_serves_the_cache(
         assert await manager.lookup("t", "w") is cached
     assert "serving the cached layout" in caplog.text
     assert all(r.name == "smartnsq.lookup" for r in caplog.records)
+
+
+async def test_classic_write_lookup_of_a_new_topic_lists_every_nsqd(make: Make) -> None:
+    """Classic NSQ creates a topic on its first PUB: a write lookup of an unknown topic on a
+    classic lookupd answers with every nsqd (/nodes) instead of TopicNotFoundError."""
+    cluster = FakeCluster()
+    classic = cluster.add(A, FakeLookupd(v1({"message": "TOPIC_NOT_FOUND"}, 404)))
+    classic.listlookup = NO_LISTLOOKUP
+    classic.nodes = fixture("classic_nsqlookupd_nodes.json")
+    manager = make(cluster, [A])
+    layout = await manager.lookup("new_topic", "w")
+    assert layout.is_classic
+    assert [n.tcp_address for n in layout.classic_nodes] == ["127.0.0.1:14150"]
+    with pytest.raises(TopicNotFoundError):
+        await manager.lookup("new_topic", "r")  # reading still waits for the topic
+
+
+async def test_youzan_unknown_topic_is_not_bootstrapped(make: Make) -> None:
+    cluster = FakeCluster()
+    cluster.add(A, FakeLookupd(v1({"message": "Key not found"}, 404)))
+    manager = make(cluster, [A])
+    with pytest.raises(TopicNotFoundError):
+        await manager.lookup("missing", "w")
+    assert cluster.count(A, "/nodes") == 0
 
 
 async def test_classic_lookupd(make: Make) -> None:
