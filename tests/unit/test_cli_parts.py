@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import io
 
-from smartnsq.cli import _positionals
+import pytest
+
+from smartnsq.cli import _positionals, main
 from smartnsq.cli._common import Progress
 
 
@@ -56,3 +58,11 @@ def test_extra_positionals() -> None:
     assert _positionals(["a", "--", "-b", "--"]) == ["a", "-b", "--"]
     assert _positionals(["-"]) == ["-"]
     assert _positionals(["a", "--bogus"]) is None
+
+
+def test_unknown_option_after_bodies_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pub", "t", "--nsqd", "h:1", "a", "--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "smartnsq pub: error: unrecognized arguments: a --bogus (see 'smartnsq pub --help')\n"
+    )
