@@ -14,6 +14,7 @@ import re
 import signal
 import socket
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -481,6 +482,9 @@ USAGE_ERRORS = [
     (["tail", "orders", "--nsqd", "h:1", "--channel", "bad channel"], "invalid channel name"),
     (["lookup", "orders", "--nsqd", "h:1"], "give --lookupd"),
     (["lookup", "orders", "--lookupd", "h:1", "--access", "x"], "invalid choice"),
+    (["demo", "--messages", "0"], "--messages must be >= 1"),
+    (["demo", "--nodes", "2", "--replicas", "3"], "--replicas 3 needs as many nodes"),
+    (["demo", "--partitions", "300"], "--partitions must be at most 255"),
     ([], "the following arguments are required: COMMAND"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ]  # fmt: skip
@@ -528,3 +532,38 @@ async def test_nothing_listening_is_one_line_and_exit_1(closed_port: int) -> Non
         line = _one_error_line(result, 1)
         assert line.startswith(f"smartnsq {argv[0]}: error: "), line
         assert expected in line, line
+
+
+# --------------------------------------------------------------------------- demo
+
+
+def _check_demo_report(out: str, messages: int, customers: int) -> None:
+    assert "emulator" in out
+    assert f"per-key order verified: {customers} keys, 0 violations\n" in out
+    rates = re.findall(rf"^ +{messages} in \d+\.\d\d s: [\d,]+ msg/s$", out, re.M)
+    assert len(rates) == 2, out  # publish and consume
+    counts = re.findall(r"^(\d+) +node \d+ +(\d+)$", out, re.M)
+    assert [p for p, _ in counts] == ["0", "1", "2", "3"]
+    assert sum(int(n) for _, n in counts) == messages
+    trace = re.findall(r"^  (publish|consume) topic=orders .*trace_id=(\d+)", out, re.M)
+    assert 3 <= len(trace) <= 5, out
+    assert {event for event, _ in trace} == {"publish", "consume"}
+    assert out.rstrip().splitlines()[-1].startswith("ok in ")
+
+
+async def test_demo_small() -> None:
+    result = await smartnsq("demo", "--messages", "2000", "--customers", "50", timeout=60)
+    assert result.rc == 0, result
+    assert result.err == ""
+    _check_demo_report(result.out, 2000, 50)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_demo_with_the_defaults_finishes_well_under_a_minute() -> None:
+    began = time.monotonic()
+    result = await smartnsq("demo", timeout=110)
+    elapsed = time.monotonic() - began
+    assert result.rc == 0, result
+    _check_demo_report(result.out, 20_000, 500)
+    assert elapsed < 30, f"the demo took {elapsed:.1f} s"
