@@ -55,8 +55,9 @@ class Target:
 def add_connection_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "connection",
-        f"Give --lookupd or --nsqd (not both); without either, ${ENV_LOOKUPD} or ${ENV_NSQD} "
-        "(comma-separated addresses) is used.",
+        # Kept short by hand: the raw help formatters do not wrap it.
+        f"--lookupd or --nsqd, not both; default: ${ENV_LOOKUPD} or ${ENV_NSQD}\n"
+        "(comma-separated addresses)",
     )
     exclusive = group.add_mutually_exclusive_group()
     exclusive.add_argument(
@@ -79,7 +80,7 @@ def add_verbosity(parser: argparse.ArgumentParser) -> None:
         "--verbose",
         action="count",
         default=0,
-        help="show the client's log (-v: info, -vv: debug); warnings are shown anyway",
+        help="more of the client's log (-v: info, -vv: debug; default: warnings)",
     )
 
 

@@ -53,9 +53,10 @@ def register(subparsers: Any) -> None:
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--messages", type=int, default=20_000, metavar="N", help="(20000)")
-    parser.add_argument("--customers", type=int, default=500, metavar="N", help="(500)")
-    parser.add_argument("--partitions", type=int, default=4, metavar="N", help="(4)")
+    number = {"type": int, "metavar": "N"}
+    parser.add_argument("--messages", default=20_000, help="events to publish (20000)", **number)
+    parser.add_argument("--customers", default=500, help="customers = keys (500)", **number)
+    parser.add_argument("--partitions", type=int, default=4, metavar="N", help="partitions (4)")
     parser.add_argument("--nodes", type=int, default=3, metavar="N", help="nsqd nodes (3)")
     parser.add_argument(
         "--replicas", type=int, metavar="N", help="replicas per partition (2, at most --nodes)"
