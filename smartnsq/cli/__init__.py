@@ -1,42 +1,110 @@
-"""The ``smartnsq`` command line: one module per subcommand, each with ``register()``."""
+"""The ``smartnsq`` command line: one module per subcommand, each with ``register()``.
+
+Exit codes: 0 success; 1 failure (nothing listening, a publish that failed, a demo that
+found lost or out-of-order messages); 2 a user mistake (bad arguments, addresses or names),
+always reported as one line on stderr without a traceback; 130 interrupted.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from smartnsq.errors import NSQError, UnsupportedFeatureError, ValidationError
 
 __all__ = ["UsageError", "main"]
 
 # Subcommand modules of smartnsq.cli; each defines register(subparsers) -> None and sets
 # `func` (args -> exit code) on its parser.
-SUBCOMMANDS = ("cluster",)
+SUBCOMMANDS = ("pub", "tail", "lookup", "cluster", "demo")
 
 
 class UsageError(Exception):
     """A user mistake: printed as one line, exit code 2, no traceback."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (it prints the whole usage otherwise)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="smartnsq", description="Smart NSQ client tools (youzan HA and classic nsqd)."
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in SUBCOMMANDS:
-        module = importlib.import_module(f"smartnsq.cli.{name}")
+        try:
+            module = importlib.import_module(f"smartnsq.cli.{name}")
+        except ModuleNotFoundError as exc:
+            # LOCAL WORKAROUND (cli branch; drop at merge): smartnsq.cli.cluster is written on
+            # another branch. Only the subcommand module itself may be missing.
+            if exc.name != f"smartnsq.cli.{name}":
+                raise
+            continue
         module.register(subparsers)
     return parser
 
 
+def _positionals(extras: list[str]) -> list[str] | None:
+    """``extras`` as positional arguments (``--`` ends options), or None if one is an option."""
+    values: list[str] = []
+    options_ended = False
+    for extra in extras:
+        if extra == "--" and not options_ended:
+            options_ended = True
+        elif extra.startswith("-") and extra != "-" and not options_ended:
+            return None
+        else:
+            values.append(extra)
+    return values
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    # argparse fills a nargs="*" positional from one stretch of arguments only: in
+    # `pub TOPIC --lookupd URL BODY...` the bodies come back as unknown. A subcommand that
+    # names its list in `more_positionals` gets them (unknown options are still errors).
+    if extras:
+        more: str | None = getattr(args, "more_positionals", None)
+        positionals = _positionals(extras) if more is not None else None
+        if more is None or positionals is None:
+            print(
+                f"smartnsq {args.command}: error: unrecognized arguments: {' '.join(extras)} "
+                f"(see 'smartnsq {args.command} --help')",
+                file=sys.stderr,
+            )
+            return 2
+        getattr(args, more).extend(positionals)
     func: Callable[[argparse.Namespace], int] = args.func
+    prefix = f"smartnsq {args.command}: error:"
     try:
         return func(args)
     except UsageError as exc:
-        print(f"smartnsq {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{prefix} {exc}", file=sys.stderr)
         return 2
+    except (ValidationError, UnsupportedFeatureError) as exc:
+        # The client refused an argument before sending anything: the user's to fix.
+        print(f"{prefix} {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        from smartnsq.cli._common import silence_stdout
+
+        silence_stdout()
+        return 1
+    except (NSQError, OSError, asyncio.TimeoutError) as exc:
+        print(f"{prefix} {_one_line(exc)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130

@@ -1,0 +1,146 @@
+"""Pure pieces of the command line: progress throttling, argument plumbing, the demo's
+order checker. The commands themselves are tested as subprocesses in
+tests/integration/test_cli.py."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from smartnsq.cli import _positionals, main
+from smartnsq.cli._common import Progress
+from smartnsq.cli.demo import _Checker, _events, _trace_sample
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_is_throttled_and_cleared() -> None:
+    stream = io.StringIO()
+    clock = FakeClock()
+    progress = Progress(stream, enabled=True, interval=1.0, clock=clock)
+    calls: list[int] = []
+
+    def text() -> str:
+        calls.append(1)
+        return f"done {len(calls)}"
+
+    progress.update(text)  # too early: the first line comes after one interval
+    clock.now += 1.0
+    progress.update(text)
+    clock.now += 0.5
+    progress.update(text)
+    clock.now += 0.6
+    progress.update(text)
+    progress.clear()
+    progress.clear()
+    assert stream.getvalue() == "\rdone 1\x1b[K\rdone 2\x1b[K\r\x1b[K"
+    assert len(calls) == 2  # the text is only built when shown
+
+
+def test_progress_is_silent_off_a_terminal() -> None:
+    stream = io.StringIO()  # isatty() is False
+    clock = FakeClock()
+    progress = Progress(stream, clock=clock)
+    clock.now += 10
+    progress.update(lambda: "x")
+    progress.clear()
+    assert not progress.enabled
+    assert stream.getvalue() == ""
+
+
+def test_extra_positionals() -> None:
+    assert _positionals(["a", "b"]) == ["a", "b"]
+    assert _positionals(["a", "--", "-b", "--"]) == ["a", "-b", "--"]
+    assert _positionals(["-"]) == ["-"]
+    assert _positionals(["a", "--bogus"]) is None
+
+
+def test_unknown_option_after_bodies_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pub", "t", "--nsqd", "h:1", "a", "--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "smartnsq pub: error: unrecognized arguments: a --bogus (see 'smartnsq pub --help')\n"
+    )
+
+
+def _message(customer: int, seq: int, partition: int, attempts: int = 1) -> Any:
+    body = json.dumps({"customer": customer, "seq": seq}).encode()
+    return SimpleNamespace(body=body, partition=partition, attempts=attempts)
+
+
+async def _feed(checker: _Checker, *messages: Any) -> None:
+    for message in messages:
+        await checker.handle(message)
+
+
+async def test_checker_accepts_each_key_in_order() -> None:
+    checker = _Checker(Counter({1: 2, 2: 1}))
+    await _feed(checker, _message(1, 1, 0), _message(2, 1, 3), _message(1, 2, 0))
+    assert checker.complete.is_set()
+    assert (checker.violations, checker.lost, checker.received) == (0, 0, 3)
+    assert checker.per_partition == {0: 2, 3: 1}
+
+
+async def test_checker_counts_gaps_reordering_and_partition_changes() -> None:
+    checker = _Checker(Counter({1: 4, 2: 2}))
+    await _feed(
+        checker,
+        _message(1, 2, 0),  # 1 is missing
+        _message(1, 1, 0),  # backwards, not a redelivery
+        _message(1, 3, 1),  # another partition
+        _message(2, 1, 2),
+        _message(2, 1, 2, attempts=2),  # a redelivery: skipped, not a violation
+    )
+    assert checker.violations == 3
+    assert checker.redelivered == 1
+    assert checker.lost == 1 + 1  # customer 1 stopped at 3 of 4, customer 2 at 1 of 2
+    assert not checker.complete.is_set()
+    assert checker.examples == [
+        "customer 1: seq 2 after 0 (partition 0)",
+        "customer 1: seq 1 after 2 (partition 0)",
+        "customer 1: partitions 0 and 1",
+    ]
+
+
+def test_events_number_each_customer_from_one() -> None:
+    events = _events(1000, 7, seed=3)
+    assert events == _events(1000, 7, seed=3)
+    assert len(events) == 1000
+    per_customer: dict[int, list[int]] = {}
+    for customer, seq in events:
+        per_customer.setdefault(customer, []).append(seq)
+    assert set(per_customer) == set(range(7))
+    for seqs in per_customer.values():
+        assert seqs == list(range(1, len(seqs) + 1))
+
+
+def test_trace_sample_pairs_publish_and_consume_lines() -> None:
+    lines = [
+        ("publish", 1000, "p1000"),
+        ("publish", 2000, "p2000"),
+        ("consume", 1000, "c1000"),
+        ("publish", 3000, "p3000"),
+        ("consume", 2000, "c2000"),
+        ("consume", 3000, "c3000"),
+    ]
+    assert _trace_sample(lines) == ["p1000", "c1000", "p2000", "c2000"]
+
+
+def test_readme_first_setup_command_runs_the_demo() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    setup = readme.split("## Set up on a fresh machine", 1)[1]
+    first = setup.split("```sh\n", 1)[1].split("\n", 1)[0]
+    assert first.endswith("&& .venv/bin/smartnsq demo")
