@@ -40,14 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(f"smartnsq.cli.{name}")
-        except ModuleNotFoundError as exc:
-            # LOCAL WORKAROUND (cli branch; drop at merge): smartnsq.cli.cluster is written on
-            # another branch. Only the subcommand module itself may be missing.
-            if exc.name != f"smartnsq.cli.{name}":
-                raise
-            continue
+        module = importlib.import_module(f"smartnsq.cli.{name}")
         module.register(subparsers)
     return parser
 
