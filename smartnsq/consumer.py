@@ -29,6 +29,7 @@ from typing import Any, cast
 from smartnsq._eager import run_eager
 from smartnsq.errors import (
     ClientClosedError,
+    ConnectionClosedError,
     NSQError,
     OrderViolationError,
     ServerError,
@@ -179,6 +180,11 @@ class Consumer:
                 raise ValidationError(name, "must be >= 0 seconds")
         if handler is not None and not callable(handler):
             raise ValidationError("handler", "must be a coroutine function or a function")
+        if ordered and nsqd is not None:
+            raise UnsupportedFeatureError(
+                "ordered consumption subscribes to partitions found through nsqlookupd: use "
+                "lookupd=[...] (classic nsqd has no SUB_ORDERED)"
+            )
         if ordered and start is not None:
             raise ValidationError("start", "a start position needs SUB_ADVANCED, not ordered mode")
         if ordered and sample_rate:
@@ -249,6 +255,7 @@ class Consumer:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._unwatch: Callable[[], None] | None = None
         self._warned_low_rdy = False
+        self._last_connect_error: NSQError | None = None
         self._telemetry = Telemetry(
             "consumer", tracer_provider=tracer_provider, meter_provider=meter_provider
         )
@@ -261,7 +268,8 @@ class Consumer:
 
     async def start(self) -> Consumer:
         """Discover, connect and subscribe; return once the initial subscriptions are in
-        place (or failed: they are retried in the background)."""
+        place (or failed: they are retried in the background). With ``nsqd=[...]``, raises
+        when no nsqd accepted; with ``lookupd``, when no lookupd answers."""
         if self._state in ("closing", "closed"):
             raise ClientClosedError("this Consumer is closed; create a new one")
         if self._state != "new":
@@ -299,8 +307,15 @@ class Consumer:
         except BaseException:
             await self._shutdown_now()
             raise
+        if self._fatal is None and self._nsqd and not self._subs:
+            # Direct mode, like the Producer: at least one nsqd must accept before start()
+            # returns; later losses are retried in the background.
+            self._fatal = self._last_connect_error or ConnectionClosedError(
+                "no nsqd accepted the subscription", ", ".join(self._nsqd)
+            )
         if self._fatal is not None:
             error = self._fatal
+            self._fatal = None  # raised here, not again by join()
             await self._shutdown_now()
             raise error
         self._state = "started"
@@ -643,6 +658,7 @@ class Consumer:
             )
 
     def _connect_failed(self, key: _Key, exc: NSQError) -> None:
+        self._last_connect_error = exc
         if not is_retriable(exc) and isinstance(exc, ServerError):
             # Misconfiguration (an ordered topic without ordered=True, an unregistered
             # channel, bad credentials...): retrying cannot help.

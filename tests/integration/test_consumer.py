@@ -502,3 +502,14 @@ async def test_lifecycle(cluster: Cluster) -> None:
         Consumer("bad topic", "c", nsqd=["127.0.0.1:4150"])
     with pytest.raises(e.ValidationError, match="iterated"):
         _consumer(cluster, handler=lambda m: None).__aiter__()
+
+
+async def test_direct_mode_start_fails_when_no_nsqd_accepts() -> None:
+    async with Cluster(classic=True) as cluster:
+        address = cluster.nsqd_addresses[0]
+        await cluster.stop_node(0)
+        consumer = Consumer("events", "c", nsqd=[address], handler=lambda m: None)
+        with pytest.raises(e.ConnectionClosedError):
+            await consumer.start()
+        with pytest.raises(e.UnsupportedFeatureError, match="lookupd"):
+            Consumer("events", "c", nsqd=[address], handler=lambda m: None, ordered=True)
