@@ -1,0 +1,756 @@
+"""Blocking facade: ``smartnsq.sync.Producer`` and ``smartnsq.sync.Consumer`` take the same
+arguments as ``smartnsq.Producer`` and ``smartnsq.Consumer`` and block instead of returning
+coroutines.
+
+Why a thread and not a second implementation: each blocking client owns one private event
+loop running in a daemon thread. The async client is created and used only on that loop;
+every blocking method submits the async method to it (``run_coroutine_threadsafe``) and waits
+for the outcome, so results and exceptions are the async client's own, and there is no second
+protocol implementation to keep in step. Many threads can share one client: the loop
+serialises everything that touches the client's state.
+
+Rules that follow from the design:
+
+* A client belongs to the process that created it. After ``os.fork()`` the child holds a copy
+  of the object but not its loop thread, so using it raises :class:`ForkedClientError`
+  (create clients in the worker process). ``close()`` in the child only drops the copy.
+* Blocking methods must not be called from the client's own loop thread (a coroutine
+  handler, a sharding callable): they would wait for the loop they block. That raises
+  ``RuntimeError`` instead of hanging.
+* Plain callables given as ``handler`` or ``on_giving_up`` receive the blocking
+  :class:`Message`; coroutine functions receive the async ``smartnsq.Message`` and run on the
+  client's loop, like with the async client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import logging
+import os
+import threading
+import time
+import warnings
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from types import TracebackType
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from smartnsq.consumer import Consumer as AsyncConsumer
+from smartnsq.consumer import ConsumerStats
+from smartnsq.errors import ClientClosedError, ForkedClientError, NSQTimeoutError
+from smartnsq.message import Message as AsyncMessage
+from smartnsq.producer import Producer as AsyncProducer
+from smartnsq.producer import PublishResult
+
+__all__ = ["Consumer", "ConsumerStats", "Message", "Producer", "PublishResult"]
+
+log = logging.getLogger("smartnsq.sync")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+T = TypeVar("T")
+
+# Added to the async client's own time limits: only a blocked event loop ever runs into it.
+_GRACE = 5.0
+# How long close() waits for the loop thread to end.
+_JOIN_TIMEOUT = 10.0
+# Unbounded waits wake up this often, so Ctrl-C works on every platform and a loop thread
+# that died is noticed.
+_SLICE = 0.5
+# The async consumer's default drain time, read rather than copied.
+_DRAIN_TIMEOUT: float = inspect.signature(AsyncConsumer.close).parameters["timeout"].default
+
+
+# --------------------------------------------------------------------------- signatures
+
+
+def _same_arguments(
+    init: Callable[Concatenate[Any, P], None],
+) -> Callable[[Callable[..., None]], Callable[Concatenate[Any, P], None]]:
+    """Give a forwarding ``__init__`` the async client's signature (for type checkers and
+    ``help()``) without a hand-maintained copy of it."""
+
+    def decorate(forward: Callable[..., None]) -> Callable[Concatenate[Any, P], None]:
+        forward.__signature__ = inspect.signature(init)  # type: ignore[attr-defined]
+        return forward
+
+    return decorate
+
+
+def _blocking(
+    method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
+) -> Callable[[Callable[..., Any]], Callable[Concatenate[Any, P], R]]:
+    """Type a forwarding method as the blocking twin of the async ``method``: same
+    parameters, the coroutine's result as return type."""
+
+    def decorate(forward: Callable[..., Any]) -> Callable[Concatenate[Any, P], R]:
+        forward.__signature__ = inspect.signature(method)  # type: ignore[attr-defined]
+        return forward
+
+    return decorate
+
+
+# --------------------------------------------------------------------------- the loop thread
+
+
+class _LoopThread:
+    """An event loop in a daemon thread: the only place the async client runs."""
+
+    def __init__(self, name: str) -> None:
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        # Reentrant: close() may run in a signal handler that interrupted this same thread.
+        self._lock = threading.RLock()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def in_loop_thread(self) -> bool:
+        return threading.get_ident() == self._thread.ident
+
+    def _main(self) -> None:
+        loop = self.loop
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_forever()
+        finally:
+            try:
+                _cancel_remaining(loop)
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(loop.shutdown_default_executor())
+            finally:
+                asyncio.set_event_loop(None)
+                loop.close()
+
+    def check(self, what: str) -> None:
+        """Refuse calls that cannot work: from a forked child, or from the loop itself."""
+        if os.getpid() != self.pid:
+            raise ForkedClientError(
+                f"{what}: this client was created in process {self.pid} and is used in "
+                f"process {os.getpid()}, and its event loop thread does not survive "
+                "os.fork(): create the client after fork, in the worker process"
+            )
+        if self.in_loop_thread():
+            raise RuntimeError(
+                f"{what} was called from the client's own event loop thread (from a "
+                "coroutine handler or another callback running on that loop): it would wait "
+                "for the loop it blocks and deadlock. Call it from another thread, or use "
+                "the async client in async code"
+            )
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None, what: str) -> T:
+        """Run ``coro`` on the loop and wait for it (at most ``timeout`` seconds; None waits
+        until it ends). Its result is returned and its exception raised here, unchanged."""
+        with self._lock:
+            if self._stopping:
+                coro.close()
+                raise ClientClosedError(f"{what}: the client is closed")
+            future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not future.done():
+                wait = _SLICE
+                if deadline is not None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise NSQTimeoutError(
+                            f"{what} did not finish within {timeout} s: the client's event "
+                            "loop looks blocked (blocking code in a coroutine handler?)"
+                        )
+                    wait = min(wait, remaining)
+                concurrent.futures.wait((future,), wait)
+                if not future.done() and not self._thread.is_alive():
+                    raise ClientClosedError(f"{what}: the client's event loop thread is gone")
+        except BaseException:
+            future.cancel()  # cancels the task on the loop too
+            raise
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            if self._stopping:
+                raise ClientClosedError(f"{what} was interrupted: the client closed") from None
+            raise
+
+    def call(self, fn: Callable[[], T], what: str) -> T:
+        """Run a plain function on the loop (directly when already there: it cannot block)."""
+        if self.in_loop_thread():
+            return fn()
+
+        async def invoke() -> T:
+            return fn()
+
+        return self.run(invoke(), _GRACE, what)
+
+    def stop(self, timeout: float) -> bool:
+        """Stop the loop (cancelling whatever still runs on it) and join its thread. True
+        when the thread ended in time."""
+        self._request_stop(None)
+        if self.in_loop_thread():
+            return False
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def stop_soon(self, closing: Callable[[], Awaitable[Any]]) -> None:
+        """Run ``closing()`` on the loop (bounded), then stop it; do not wait. For garbage
+        collection, which must never block."""
+        self._request_stop(closing)
+
+    def join(self, timeout: float) -> None:
+        if not self.in_loop_thread():
+            self._thread.join(timeout)
+
+    def _request_stop(self, closing: Callable[[], Awaitable[Any]] | None) -> None:
+        with self._lock:
+            if self._stopping:
+                return
+            self._stopping = True
+            loop = self.loop
+            if loop.is_closed():
+                return
+            if closing is None:
+                loop.call_soon_threadsafe(loop.stop)
+            else:
+                asyncio.run_coroutine_threadsafe(_close_then_stop(closing), loop)
+
+
+def _cancel_remaining(loop: asyncio.AbstractEventLoop) -> None:
+    """What ``asyncio.run`` does on exit: cancel leftover tasks and let them unwind (their
+    waiters see a cancellation, reported as ClientClosedError). Bounded, and a task that
+    misbehaves when cancelled cannot keep the others from being cancelled."""
+    tasks = asyncio.all_tasks(loop)
+    if not tasks:
+        return
+    for task in tasks:
+        try:
+            task.cancel()
+        except Exception:
+            log.exception("cancelling %r failed", task)
+    _, pending = loop.run_until_complete(asyncio.wait(tasks, timeout=_GRACE))
+    for task in pending:
+        log.error("%r did not end within %s s of being cancelled", task, _GRACE)
+
+
+async def _close_then_stop(closing: Callable[[], Awaitable[Any]]) -> None:
+    try:
+        await asyncio.wait_for(closing(), _GRACE)
+    except Exception as exc:  # noqa: BLE001 - garbage collection path: nobody to tell
+        log.debug("closing an abandoned client failed: %r", exc)
+    finally:
+        asyncio.get_running_loop().stop()
+
+
+async def _call(fn: Callable[[], T]) -> T:
+    return fn()
+
+
+# --------------------------------------------------------------------------- lifecycle
+
+
+class _Client:
+    """Lifecycle shared by the blocking clients: state, fork and thread checks, close(),
+    and the ResourceWarning of a client garbage-collected while started."""
+
+    _kind = "client"
+    # new -> started -> closing -> closed. A class default so that __del__ of an object
+    # whose __init__ failed does nothing.
+    _state = "closed"
+    _runner: _LoopThread
+
+    def _start_loop(self, name: str) -> _LoopThread:
+        self._lifecycle = threading.RLock()
+        self._closed = threading.Event()
+        self._closer: int | None = None
+        self._close_bound = 0.0
+        self._reported: BaseException | None = None
+        self._runner = _LoopThread(name)
+        return self._runner
+
+    def _build(self, factory: Callable[[], T]) -> T:
+        """Create the async client on the loop (so it binds to nothing else); argument
+        errors are raised here and leave no thread behind."""
+        try:
+            client = self._runner.run(_call(factory), _GRACE, f"{self._kind}()")
+        except BaseException:
+            self._runner.stop(_JOIN_TIMEOUT)
+            raise
+        self._state = "new"
+        return client
+
+    def _check(self, what: str) -> None:
+        self._runner.check(f"{self._kind}.{what}()")
+        if self._state in ("closing", "closed"):
+            raise ClientClosedError(f"this {self._kind} is closed; create a new one")
+
+    def _mark_started(self) -> None:
+        with self._lifecycle:
+            if self._state == "new":
+                self._state = "started"
+
+    def _close(
+        self, closing: Callable[[], Coroutine[Any, Any, Any]], bound: float
+    ) -> BaseException | None:
+        """Close the async client on its loop, then stop and join the loop thread. Idempotent;
+        a second caller waits for the first. Returns the async close's error, if any."""
+        runner = self._runner
+        if os.getpid() != runner.pid:
+            # A forked child's copy: the loop thread and the connections are the parent's.
+            self._state = "closed"
+            return None
+        if runner.in_loop_thread():
+            runner.check(f"{self._kind}.close()")  # raises the deadlock RuntimeError
+        with self._lifecycle:
+            state = self._state
+            if state in ("new", "started"):
+                self._state = "closing"
+                self._closer = threading.get_ident()
+                self._close_bound = bound + _JOIN_TIMEOUT
+        if state == "closed":
+            return None
+        if state == "closing":
+            self._wait_closed()
+            return None
+        error: BaseException | None = None
+        try:
+            runner.run(closing(), bound, f"{self._kind}.close()")
+        except Exception as exc:  # noqa: BLE001 - returned to the caller, after the cleanup
+            error = exc
+        finally:
+            stopped = runner.stop(_JOIN_TIMEOUT)
+            self._state = "closed"
+            self._closed.set()
+        if error is None and not stopped:
+            error = NSQTimeoutError(
+                f"the {self._kind}'s event loop thread did not stop within {_JOIN_TIMEOUT} s"
+            )
+        return error
+
+    def _wait_closed(self) -> None:
+        """Wait until another thread's close() is over (not when this thread is the closer,
+        re-entered from a signal handler: that would wait for itself)."""
+        if self._closer != threading.get_ident():
+            self._closed.wait(self._close_bound)
+
+    def _abandon(self) -> Callable[[], Awaitable[Any]]:
+        raise NotImplementedError
+
+    def __del__(self) -> None:
+        if self._state in ("closing", "closed"):
+            return
+        runner = self.__dict__.get("_runner")
+        if runner is None or os.getpid() != runner.pid:
+            return
+        if self._state == "started":
+            warnings.warn(f"unclosed {self!r}", ResourceWarning, source=self, stacklevel=2)
+        self._state = "closed"
+        runner.stop_soon(self._abandon())
+
+    def __repr__(self) -> str:
+        return f"<smartnsq.sync.{self._kind} {self._state}>"
+
+
+# --------------------------------------------------------------------------- producer
+
+
+class Producer(_Client):
+    """Blocking :class:`smartnsq.Producer`: the same arguments, results and exceptions.
+
+    Thread-safe: any number of threads may publish through one producer (their publishes
+    are pipelined on its connections). ``start()`` is optional (the first publish starts
+    it); ``close()`` or a ``with`` block releases the connections and the loop thread.
+    """
+
+    _kind = "Producer"
+
+    @_same_arguments(AsyncProducer.__init__)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._start_loop("smartnsq-producer-loop")
+        self._producer = self._build(lambda: AsyncProducer(*args, **kwargs))
+        config = self._producer.connection_config
+        # A publish may connect and look up before its own time limit starts to count.
+        self._overhead = 2 * config.connect_timeout + config.request_timeout + _GRACE
+
+    def start(self) -> Producer:
+        """Return once publishing can succeed (see :meth:`smartnsq.Producer.start`)."""
+        self._check("start")
+        config = self._producer.connection_config
+        self._runner.run(self._producer.start(), config.connect_timeout + _GRACE, "start()")
+        self._mark_started()
+        return self
+
+    @_blocking(AsyncProducer.publish)
+    def publish(self, *args: Any, **kwargs: Any) -> Any:
+        """Blocking :meth:`smartnsq.Producer.publish`."""
+        self._check("publish")
+        self._mark_started()  # the async producer starts itself on first use
+        bound = self._bound(kwargs.get("timeout"))
+        return self._runner.run(self._producer.publish(*args, **kwargs), bound, "publish()")
+
+    @_blocking(AsyncProducer.publish_many)
+    def publish_many(self, *args: Any, **kwargs: Any) -> Any:
+        """Blocking :meth:`smartnsq.Producer.publish_many`."""
+        self._check("publish_many")
+        self._mark_started()
+        bound = self._bound(kwargs.get("timeout"))
+        coro = self._producer.publish_many(*args, **kwargs)
+        return self._runner.run(coro, bound, "publish_many()")
+
+    def _bound(self, timeout: object) -> float:
+        limit = self._producer.publish_timeout
+        if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
+            limit = float(timeout)
+        return limit + self._overhead
+
+    def close(self) -> None:
+        """Close the connections and stop the loop thread. Idempotent; the producer is not
+        reusable. Publishes still running in other threads fail."""
+        error = self._close(self._producer.close, _GRACE)
+        if error is not None:
+            raise error
+
+    def _abandon(self) -> Callable[[], Awaitable[Any]]:
+        return self._producer.close
+
+    def __enter__(self) -> Producer:
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------- consumer
+
+SyncHandler = Callable[["Message"], Any]
+AsyncHandler = Callable[[AsyncMessage], Awaitable[Any]]
+
+
+class Consumer(_Client):
+    """Blocking :class:`smartnsq.Consumer`: the same arguments.
+
+    With a ``handler``, :meth:`run` consumes until :meth:`close` is called (from another
+    thread or a signal handler). A plain function handler runs in the consumer's thread pool
+    and receives a blocking :class:`Message`; a coroutine function runs on the consumer's
+    loop and receives the async ``smartnsq.Message``. Without a handler, iterate:
+    ``for msg in consumer: ...; msg.finish()``.
+
+    When the consumer stops by itself (a fatal server error), :meth:`run` or the iteration
+    raises that error once and the loop thread is released.
+    """
+
+    _kind = "Consumer"
+
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        *,
+        handler: SyncHandler | AsyncHandler | None = None,
+        on_giving_up: SyncHandler | AsyncHandler | None = None,
+        **options: Any,
+    ) -> None:
+        """``options`` are :class:`smartnsq.Consumer`'s keyword arguments."""
+        runner = self._start_loop("smartnsq-consumer-loop")
+        on_message = _adapt(handler, runner, is_handler=True)
+        give_up = _adapt(on_giving_up, runner, is_handler=False)
+        self._consumer = self._build(
+            lambda: AsyncConsumer(
+                topic, channel, handler=on_message, on_giving_up=give_up, **options
+            )
+        )
+        self._connect_timeout = self._consumer.connection_config.connect_timeout
+        # Iterating threads take turns on the loop: the async iterator serves one at a time.
+        self._next_lock = asyncio.Lock()
+
+    @property
+    def topic(self) -> str:
+        return self._consumer.topic
+
+    @property
+    def channel(self) -> str:
+        return self._consumer.channel
+
+    def start(self) -> Consumer:
+        """Discover, connect and subscribe (see :meth:`smartnsq.Consumer.start`). A consumer
+        whose start failed is closed (the async one is, too)."""
+        self._check("start")
+        bound = 2 * self._connect_timeout + _GRACE
+        try:
+            self._runner.run(self._consumer.start(), bound, "start()")
+        except Exception as exc:
+            self._stopped_by(exc)
+            raise
+        self._mark_started()
+        return self
+
+    def run(self) -> None:
+        """Consume until :meth:`close` is called; raise the error that stopped the consumer,
+        if it stopped by itself. Starts the consumer if needed."""
+        self._check("run")
+        if self._state == "new":
+            self.start()
+        try:
+            self._runner.run(self._consumer.join(), None, "run()")
+        except ClientClosedError:
+            if self._state not in ("closing", "closed"):
+                raise
+        except Exception as exc:
+            self._stopped_by(exc)
+            raise
+        # close() ended the wait: return once it is over, loop thread included
+        self._wait_closed()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Drain (see :meth:`smartnsq.Consumer.close`; ``timeout`` None: its default), then
+        stop the loop thread. Idempotent. Raises the error that stopped the consumer unless
+        :meth:`run` or the iteration already raised it."""
+        drain = _DRAIN_TIMEOUT if timeout is None else timeout
+        seconds = drain if isinstance(drain, (int, float)) and drain > 0 else 0.0
+        # close() sends CLS (2 s at most per connection) before it drains
+        bound = seconds + 2.0 + _GRACE
+        error = self._close(lambda: self._consumer.close(drain), bound)
+        if error is not None and error is not self._reported:
+            raise error
+
+    def _stopped_by(self, error: BaseException) -> None:
+        """The consumer stopped by itself: ``error`` is being reported to the caller, so
+        close() will not raise it again; release the loop thread now."""
+        self._reported = error
+        if self._state not in ("new", "started"):
+            return
+        try:
+            self.close()
+        except Exception as exc:  # noqa: BLE001 - the caller is getting the original error
+            log.debug("closing %r after %r failed: %r", self, error, exc)
+
+    def _abandon(self) -> Callable[[], Awaitable[Any]]:
+        return self._consumer.close
+
+    # ------------------------------------------------------------------ flow control
+
+    def stats(self) -> ConsumerStats:
+        """A snapshot of the counters (also after close)."""
+        return self._read(self._consumer.stats, "stats()")
+
+    def is_starved(self) -> bool:
+        """See :meth:`smartnsq.Consumer.is_starved`."""
+        return self._read(self._consumer.is_starved, "is_starved()")
+
+    def set_max_in_flight(self, max_in_flight: int) -> None:
+        """Change the in-flight budget; 0 pauses consumption."""
+        runner = self._runner
+        if os.getpid() != runner.pid:
+            runner.check("Consumer.set_max_in_flight()")
+        if self._state in ("closing", "closed"):
+            raise ClientClosedError("this Consumer is closed; create a new one")
+        consumer = self._consumer
+        # Like the reads, it never waits for the loop's work: allowed on the loop thread.
+        runner.call(lambda: consumer.set_max_in_flight(max_in_flight), "set_max_in_flight()")
+
+    def _read(self, fn: Callable[[], T], what: str) -> T:
+        """Reads run on the loop, or directly once its thread is over (nothing races then).
+        They never wait for the loop's work, so the loop thread itself may call them."""
+        runner = self._runner
+        if os.getpid() != runner.pid:
+            runner.check(what)
+        if runner.in_loop_thread():
+            return fn()
+        if runner.stopping:
+            runner.join(_JOIN_TIMEOUT)
+            if not runner.alive:
+                return fn()
+        return runner.call(fn, what)
+
+    # ------------------------------------------------------------------ iteration
+
+    def __iter__(self) -> Iterator[Message]:
+        self._check("__iter__")
+        self._runner.call(self._consumer.__aiter__, "__iter__")  # refuses a handler
+        return self
+
+    def __next__(self) -> Message:
+        """The next message (blocks until one arrives). Ends when the consumer is closed."""
+        self._check("__next__")
+        if self._state == "new":
+            self.start()
+        try:
+            message = self._runner.run(
+                _next_message(self._consumer, self._next_lock), None, "__next__()"
+            )
+        except ClientClosedError:
+            if self._state not in ("closing", "closed"):
+                raise
+            message = None
+        except Exception as exc:
+            self._stopped_by(exc)
+            raise
+        if message is None:  # closed: end once close() is over, loop thread included
+            self._wait_closed()
+            raise StopIteration
+        return Message(message, self._runner)
+
+    def __enter__(self) -> Consumer:
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+async def _next_message(consumer: AsyncConsumer, lock: asyncio.Lock) -> AsyncMessage | None:
+    async with lock:
+        try:
+            return await consumer.__anext__()
+        except StopAsyncIteration:
+            return None
+
+
+def _is_async_callable(fn: object) -> bool:
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(fn, "__call__", None)  # noqa: B004 - objects with an async __call__
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+def _adapt(fn: Any, runner: _LoopThread, *, is_handler: bool) -> Any:
+    """Plain callables get the blocking Message; coroutine functions (and anything that is
+    not callable, which the async consumer rejects itself) are passed through."""
+    if fn is None or not callable(fn) or _is_async_callable(fn):
+        return fn
+
+    def with_blocking_message(message: AsyncMessage) -> Any:
+        result = fn(Message(message, runner))
+        if is_handler and inspect.isawaitable(result):
+            if inspect.iscoroutine(result):
+                result.close()
+            raise TypeError(
+                f"handler {fn!r} returned an awaitable but is not a coroutine function: "
+                "declare it with async def (it then receives the async smartnsq.Message)"
+            )
+        return result
+
+    return with_blocking_message
+
+
+# --------------------------------------------------------------------------- message
+
+
+class Message:
+    """A delivered message whose answers block: :meth:`finish`, :meth:`requeue` and
+    :meth:`touch` forward to the async message on the consumer's loop. The fields are those
+    of :class:`smartnsq.Message`, read-only."""
+
+    __slots__ = ("_message", "_runner")
+
+    def __init__(self, message: AsyncMessage, runner: _LoopThread) -> None:
+        self._message = message
+        self._runner = runner
+
+    @property
+    def body(self) -> bytes:
+        return self._message.body
+
+    @property
+    def id(self) -> bytes:
+        """The raw message id (16 bytes)."""
+        return self._message.id
+
+    @property
+    def attempts(self) -> int:
+        return self._message.attempts
+
+    @property
+    def timestamp(self) -> int:
+        """Nanoseconds since the epoch."""
+        return self._message.timestamp
+
+    @property
+    def topic(self) -> str:
+        return self._message.topic
+
+    @property
+    def channel(self) -> str:
+        return self._message.channel
+
+    @property
+    def partition(self) -> int | None:
+        return self._message.partition
+
+    @property
+    def internal_id(self) -> int | None:
+        return self._message.internal_id
+
+    @property
+    def trace_id(self) -> int | None:
+        return self._message.trace_id
+
+    @property
+    def offset(self) -> int | None:
+        return self._message.offset
+
+    @property
+    def raw_size(self) -> int | None:
+        return self._message.raw_size
+
+    @property
+    def ext(self) -> dict[str, Any] | None:
+        return self._message.ext
+
+    @property
+    def tag(self) -> str | None:
+        return self._message.tag
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of the nsqd that delivered it."""
+        return self._message.address
+
+    @property
+    def responded(self) -> bool:
+        """Whether it has been answered (finished or requeued)."""
+        return self._message.responded
+
+    @_blocking(AsyncMessage.finish)
+    def finish(self, *args: Any, **kwargs: Any) -> Any:
+        """Blocking :meth:`smartnsq.Message.finish` (FIN)."""
+        self._runner.check("Message.finish()")
+        return self._runner.run(self._message.finish(*args, **kwargs), _GRACE, "finish()")
+
+    @_blocking(AsyncMessage.requeue)
+    def requeue(self, *args: Any, **kwargs: Any) -> Any:
+        """Blocking :meth:`smartnsq.Message.requeue` (REQ)."""
+        self._runner.check("Message.requeue()")
+        return self._runner.run(self._message.requeue(*args, **kwargs), _GRACE, "requeue()")
+
+    @_blocking(AsyncMessage.touch)
+    def touch(self, *args: Any, **kwargs: Any) -> Any:
+        """Blocking :meth:`smartnsq.Message.touch` (TOUCH)."""
+        self._runner.check("Message.touch()")
+        return self._runner.run(self._message.touch(*args, **kwargs), _GRACE, "touch()")
+
+    def __repr__(self) -> str:
+        return f"<sync {self._message!r}>"
