@@ -40,6 +40,8 @@ __all__ = [*sorted(_LAZY), "__version__", *_errors_all]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "sync":  # the blocking facade, a submodule: smartnsq.sync.Producer(...)
+        return importlib.import_module("smartnsq.sync")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'smartnsq' has no attribute {name!r}")

@@ -335,8 +335,8 @@ class Consumer:
         (up to ``timeout``), then close. Messages not answered by then are redelivered by
         nsqd to other consumers."""
         if self._state in ("closing", "closed"):
-            if self._done is not None:
-                await asyncio.shield(self._done)
+            if self._done is not None and not self._done.done():
+                await asyncio.wait([self._done])  # join() is where a failure is raised
             return
         if self._state == "new":
             self._state = "closed"
@@ -391,7 +391,10 @@ class Consumer:
             self._supervisor.cancel()
         if self._tick_handle is not None:
             self._tick_handle.cancel()
-        tasks = [t for t in self._tasks if not t.done()]
+        # The task running this shutdown may be one of ours (_fail's close): never cancel
+        # and await it from itself.
+        current = asyncio.current_task()
+        tasks = [t for t in self._tasks if not t.done() and t is not current]
         for task in tasks:
             task.cancel()
         for task in list(self._connecting.values()):
@@ -406,7 +409,14 @@ class Consumer:
         if self._lookup is not None and self._owns_lookup:
             await self._lookup.close()
         if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            # Handlers still running in threads finish (bounded) without blocking the loop.
+            shutdown = functools.partial(self._executor.shutdown, wait=True, cancel_futures=True)
+            try:
+                await asyncio.wait_for(
+                    asyncio.get_running_loop().run_in_executor(None, shutdown), 5.0
+                )
+            except asyncio.TimeoutError:
+                log.warning("%s: handler threads still running after close", self.topic)
         waiter = self._inbox_waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)

@@ -436,11 +436,6 @@ def test_run_raises_the_error_that_stopped_the_start(tc: ThreadedCluster) -> Non
         consumer.run()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="smartnsq.Consumer: after a fatal error once started, join() and the iterator "
-    "never return (_fail's close task cancels and gathers itself in _shutdown_now)",
-)
 @pytest.mark.parametrize("mode", ["run", "iterate"])
 def test_the_error_that_stopped_the_consumer_is_raised_once(
     mode: str, monkeypatch: pytest.MonkeyPatch
@@ -448,7 +443,6 @@ def test_the_error_that_stopped_the_consumer_is_raised_once(
     """The consumer stops by itself once started (its credentials are revoked and its
     connections reset: AUTH fails on reconnect). run() or the iteration raises that error
     and releases the loop thread; close() does not raise it again."""
-    monkeypatch.setattr(sync, "_GRACE", 0.5)  # while the async bug lasts: fail fast
     with ThreadedCluster(nodes=1, auth_secrets={"s3cret": "svc"}) as tc:
         tc.run(tc.cluster.create_topic("t", 1, 1, channels=["c"]))
         handler = (lambda m: None) if mode == "run" else None
