@@ -9,8 +9,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from smartnsq.cli import UsageError
 from smartnsq.cli._common import (
     add_connection_options,
@@ -20,16 +18,8 @@ from smartnsq.cli._common import (
     setup_logging,
     topic_arg,
 )
-from smartnsq.errors import ProtocolError
-from smartnsq.protocol.lookupd import (
-    ACCEPT_V1,
-    Access,
-    LookupdHTTPError,
-    TopicLayout,
-    parse_lookup,
-    unwrap_response,
-)
-from smartnsq.transport.lookup import DEFAULT_TIMEOUT, LookupManager
+from smartnsq.protocol.lookupd import Access, TopicLayout
+from smartnsq.transport.lookup import LookupManager
 
 __all__ = ["register"]
 
@@ -139,43 +129,18 @@ def run(args: argparse.Namespace) -> int:
 async def _lookup_all(
     seeds: Sequence[str], topic: str, access: Access, verbose: int
 ) -> list[_Answer]:
-    manager = LookupManager(seeds)
-    try:
+    async with LookupManager(seeds) as manager:
         with muted_logs(verbose):
-            addresses = await manager.discover()  # raises when no lookupd answers
-    finally:
-        await manager.close()
-    # A seed keeps its scheme (https); discovered lookupds are plain http, as the client
-    # talks to them.
-    base_urls = {address: f"http://{address}" for address in addresses}
-    for seed in seeds:
-        scheme = seed.split("://", 1)[0] if "://" in seed else "http"
-        address = LookupManager([seed]).lookupd_addresses[0]
-        base_urls[address] = f"{scheme}://{address}"
-    async with httpx.AsyncClient(timeout=DEFAULT_TIMEOUT) as client:
-        return list(
-            await asyncio.gather(*(_ask(client, a, base_urls[a], topic, access) for a in addresses))
+            await manager.discover()  # raises when no lookupd answers
+        answers = await manager.lookup_each(topic, access)
+    return [
+        _Answer(
+            a.lookupd,
+            TopicLayout(topic, access) if a.topic_not_found else a.layout,
+            "" if a.topic_not_found else (a.error or a.failure),
         )
-
-
-async def _ask(
-    client: httpx.AsyncClient, address: str, base_url: str, topic: str, access: Access
-) -> _Answer:
-    # One lookupd's own answer: the LookupManager would merge them all.
-    try:
-        response = await client.get(
-            f"{base_url}/lookup",
-            params={"topic": topic, "access": access, "metainfo": "true"},
-            headers={"Accept": ACCEPT_V1},
-        )
-        payload = unwrap_response(response.status_code, response.headers, response.content)
-        if isinstance(payload, LookupdHTTPError):
-            if payload.topic_not_found:
-                return _Answer(address, TopicLayout(topic, access))
-            return _Answer(address, error=str(payload.to_exception(topic)))
-        return _Answer(address, parse_lookup(topic, access, payload))
-    except (httpx.HTTPError, httpx.InvalidURL, ProtocolError, OSError) as exc:
-        return _Answer(address, error=f"{type(exc).__name__}: {exc}".rstrip(": "))
+        for a in answers
+    ]
 
 
 def _disagreements(answers: Sequence[_Answer]) -> list[int]:

@@ -68,6 +68,7 @@ __all__ = [
     "DEFAULT_LOOKUPD_PORT",
     "DEFAULT_TIMEOUT",
     "LookupManager",
+    "LookupdAnswer",
     "WatchCallback",
 ]
 
@@ -160,6 +161,17 @@ class _Answer:
     error: LookupdHTTPError | None = None
     failure: str = ""
     seq: int = 0
+
+
+@dataclass(frozen=True)
+class LookupdAnswer:
+    """One lookupd's answer to :meth:`LookupManager.lookup_each`."""
+
+    lookupd: str
+    layout: TopicLayout | None
+    error: str = ""  # what the lookupd answered instead of a layout
+    failure: str = ""  # why it did not answer (transport error, bad body...)
+    topic_not_found: bool = False
 
 
 class LookupManager:
@@ -324,6 +336,27 @@ class LookupManager:
             )
             raise LookupFailedError(f"no nsqlookupd answered: {details}")
         return self.lookupd_addresses
+
+    async def lookup_each(self, topic: str, access: Access = "r") -> list[LookupdAnswer]:
+        """Every known lookupd's own answer, unmerged and uncached (after discovery): for
+        tools that show where lookupds disagree. A lookupd that fails is reported, not
+        raised; an unknown topic is an answer with ``topic_not_found``."""
+        self._check_open()
+        check_topic(topic)
+        access = _check_access(access)
+        await self._discover()
+        targets = list(self._lookupds.values())
+        answers = await asyncio.gather(*(self._lookup_one(t, topic, access) for t in targets))
+        return [
+            LookupdAnswer(
+                a.lookupd,
+                a.layout,
+                "" if a.error is None else str(a.error.to_exception(topic)),
+                a.failure,
+                a.error is not None and a.error.topic_not_found,
+            )
+            for a in answers
+        ]
 
     async def poll_once(self) -> int:
         """Refresh every tracked (topic, access) whose periodic refresh is due; return how

@@ -916,3 +916,21 @@ async def test_bad_arguments(make: Make) -> None:
         await manager.lookup("t", "x")  # type: ignore[arg-type]
     with pytest.raises(ValidationError):
         manager.watch("t", "rw", print)  # type: ignore[arg-type]
+
+
+async def test_lookup_each_reports_every_lookupd_unmerged(make: Make) -> None:
+    cluster = FakeCluster()
+    cluster.add(A, FakeLookupd(youzan_answer({0: 24510})))
+    cluster.add(B, FakeLookupd(youzan_answer({0: 24520})))  # disagrees
+    cluster.add(C, FakeLookupd(down=True))
+    manager = make(cluster, [A, B, C], http_attempts=1)
+    answers = {a.lookupd: a for a in await manager.lookup_each("t", "r")}
+    assert ports(answers[A].layout) == {0: 24510}  # type: ignore[arg-type]
+    assert ports(answers[B].layout) == {0: 24520}  # type: ignore[arg-type]
+    assert answers[C].layout is None
+    assert "ConnectError" in answers[C].failure
+    missing = FakeCluster()
+    missing.add(A, FakeLookupd(v1({"message": "TOPIC_NOT_FOUND"}, 404)))
+    (only,) = await make(missing, [A]).lookup_each("nope", "r")
+    assert only.topic_not_found
+    assert only.layout is None
