@@ -140,6 +140,36 @@ class _Route:
     pool_topic: str
 
 
+def _classic_routes(addresses: Iterable[str]) -> list[_Route]:
+    return [_Route(address, None, False, False, _ANY_TOPIC) for address in addresses]
+
+
+class _RouteTable:
+    """The routes of one (immutable) layout, computed once."""
+
+    __slots__ = (
+        "by_partition",
+        "classic",
+        "classic_routes",
+        "ext_topic",
+        "layout",
+        "partition_num",
+        "unkeyed",
+    )
+
+    def __init__(self, layout: TopicLayout, topic: str) -> None:
+        self.layout = layout
+        self.classic = layout.is_classic
+        self.classic_routes = _classic_routes(node.tcp_address for node in layout.classic_nodes)
+        self.ext_topic = layout.extend_support
+        self.partition_num = layout.partition_num
+        self.by_partition = {
+            partition: _Route(leader.tcp_address, partition, True, self.ext_topic, topic)
+            for partition, leader in layout.partitions.items()
+        }
+        self.unkeyed = list(self.by_partition.values())
+
+
 class Producer:
     """Publishes to NSQ. Give exactly one of ``lookupd`` (nsqlookupd HTTP addresses; youzan
     or classic) or ``nsqd`` (classic nsqd TCP addresses).
@@ -210,6 +240,8 @@ class Producer:
         )
         self._rr: dict[str, itertools.count[int]] = {}
         self._ok_results: dict[tuple[str, int | None, str], PublishResult] = {}
+        self._tables: dict[str, _RouteTable] = {}
+        self._direct_routes = _classic_routes(self._nsqd)
         self._trace_default = bool(trace)
         self._trace_topics: dict[str, bool] = {}
         self.trace_key_hash = trace_key_hash
@@ -658,7 +690,7 @@ class Producer:
     def _route_now(self, request: _Publish) -> _Route | None:
         """The route from what is cached (None when the layout must be fetched first)."""
         if self._lookup is None:
-            return self._route_classic(request, self._nsqd)
+            return self._route_classic(request, self._direct_routes)
         layout = self._lookup.cached(request.topic, "w")
         if layout is None:
             return None
@@ -666,29 +698,45 @@ class Producer:
 
     async def _route(self, request: _Publish) -> _Route:
         if self._lookup is None:
-            return self._route_classic(request, self._nsqd)
+            return self._route_classic(request, self._direct_routes)
         layout = await self._lookup.lookup(request.topic, "w")
         return self._route_layout(request, layout)
 
     def _route_layout(self, request: _Publish, layout: TopicLayout) -> _Route:
-        if layout.is_classic:
-            return self._route_classic(request, [n.tcp_address for n in layout.classic_nodes])
-        return self._route_youzan(request, layout)
+        table = self._tables.get(request.topic)
+        if table is None or table.layout is not layout:
+            # A layout is immutable: its routes are computed once, not per publish.
+            table = self._tables[request.topic] = _RouteTable(layout, request.topic)
+        if table.classic:
+            return self._route_classic(request, table.classic_routes)
+        return self._route_youzan(request, table)
 
-    def _route_classic(self, request: _Publish, addresses: Sequence[str]) -> _Route:
-        if not addresses:
+    def _route_classic(self, request: _Publish, routes: Sequence[_Route]) -> _Route:
+        if not routes:
             raise NoWritablePartitionError(f"no nsqd publishes topic {request.topic!r} yet")
         if request.address is not None:
             return _Route(request.address, request.partition, False, False, _ANY_TOPIC)
         if request.key is not _NO_KEY:
-            index = self.sharder.partition_for(request.key, len(addresses))
+            index = self.sharder.partition_for(request.key, len(routes))
         else:
-            index = next(self._counter(request.topic)) % len(addresses)
-        return _Route(addresses[index], request.partition, False, False, _ANY_TOPIC)
+            index = next(self._counter(request.topic)) % len(routes)
+        route = routes[index]
+        if request.partition is not None:  # refused later, with the nsqd's address
+            return _Route(route.address, request.partition, False, False, _ANY_TOPIC)
+        return route
 
-    def _route_youzan(self, request: _Publish, layout: TopicLayout) -> _Route:
-        meta = layout.meta
-        ext_topic = bool(meta and meta.extend_support)
+    def _route_youzan(self, request: _Publish, table: _RouteTable) -> _Route:
+        if (
+            request.movable
+            and not request.avoid
+            and request.command != "DPUB"
+            and (request.exts is None or table.ext_topic)
+            and table.unkeyed
+        ):
+            # The common case: round-robin over the writable partitions.
+            unkeyed = table.unkeyed
+            return unkeyed[next(self._counter(request.topic)) % len(unkeyed)]
+        ext_topic = table.ext_topic
         if request.command == "DPUB":
             raise UnsupportedFeatureError(
                 "youzan nsqd has no deferred publish (DPUB); delay consumption with a requeue "
@@ -699,7 +747,7 @@ class Producer:
                 f"topic {request.topic!r} is not an ext topic (created without extend=true); "
                 "it cannot carry ext headers"
             )
-        partition_num = layout.partition_num
+        partition_num = table.partition_num
         if request.partition is not None or request.key is not _NO_KEY:
             if request.pinned is None:
                 if request.partition is not None:
@@ -716,21 +764,17 @@ class Producer:
                             f"topic {request.topic!r}: partition count unknown"
                         )
                     request.pinned = self.sharder.partition_for(request.key, partition_num)
-            leader = layout.leader(request.pinned)
-            if leader is None:
+            route = table.by_partition.get(request.pinned)
+            if route is None:
                 raise NoWritablePartitionError(
                     f"partition {request.pinned} of {request.topic!r} has no writable leader now"
                 )
-            return _Route(leader.tcp_address, request.pinned, True, ext_topic, request.topic)
-        ids = layout.partition_ids
-        candidates = [p for p in ids if p not in request.avoid] or list(ids)
+            return route
+        candidates = [r for r in table.unkeyed if r.partition not in request.avoid]
+        candidates = candidates or table.unkeyed
         if not candidates:
             raise NoWritablePartitionError(f"topic {request.topic!r} has no writable partition")
-        chosen = candidates[next(self._counter(request.topic)) % len(candidates)]
-        leader = layout.leader(chosen)
-        if leader is None:  # pragma: no cover - partition_ids come from the same mapping
-            raise NoWritablePartitionError(f"partition {chosen} has no leader")
-        return _Route(leader.tcp_address, chosen, True, ext_topic, request.topic)
+        return candidates[next(self._counter(request.topic)) % len(candidates)]
 
     def _counter(self, topic: str) -> itertools.count[int]:
         counter = self._rr.get(topic)
