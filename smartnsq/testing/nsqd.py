@@ -36,6 +36,7 @@ from smartnsq.protocol.server import (
 )
 from smartnsq.protocol.validation import UINT64_MAX
 from smartnsq.testing.state import Channel, Delivery, Partition, PartitionLog, Topic
+from smartnsq.transport.reading import ReusableReadBuffer
 
 if TYPE_CHECKING:
     from smartnsq.testing.cluster import Cluster
@@ -198,7 +199,7 @@ class NsqdNode:
                 session.close_after_flush()
 
 
-class ClientSession(asyncio.Protocol):
+class ClientSession(ReusableReadBuffer):
     """One client connection to an emulated nsqd."""
 
     def __init__(self, node: NsqdNode) -> None:
@@ -261,7 +262,7 @@ class ClientSession(asyncio.Protocol):
             self.cluster.client_left(channel)
         self.cluster.changed()
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: memoryview) -> None:
         self._last_read = time.monotonic()
         try:
             self.parser.feed(data)

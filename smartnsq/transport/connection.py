@@ -47,6 +47,7 @@ from smartnsq.protocol.frames import (
 from smartnsq.protocol.identify import IdentifyRequest, IdentifyResponse
 from smartnsq.protocol.message import MessageFrame, MessageLayout, decode_message
 from smartnsq.protocol.responses import HEARTBEAT, OK, AuthResponse
+from smartnsq.transport.reading import ReusableReadBuffer
 
 __all__ = ["Connection", "ConnectionConfig", "parse_address"]
 
@@ -171,7 +172,7 @@ ErrorCallback = Callable[["Connection", ServerError], None]
 CloseCallback = Callable[["Connection", "BaseException | None"], None]
 
 
-class Connection(asyncio.Protocol):
+class Connection(ReusableReadBuffer):
     """A connection to one nsqd. Create, then ``await connect()``."""
 
     def __init__(
@@ -377,7 +378,7 @@ class Connection(asyncio.Protocol):
             if not waiter.done():
                 waiter.set_result(None)
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: memoryview) -> None:
         self._last_recv = time.monotonic()
         try:
             self._decoder.feed(data)
