@@ -268,6 +268,8 @@ class _Client:
     def _start_loop(self, name: str) -> _LoopThread:
         self._lifecycle = threading.RLock()
         self._closed = threading.Event()
+        self._was_started = False
+        self._close_error: BaseException | None = None
         self._closer: int | None = None
         self._close_bound = 0.0
         self._reported: BaseException | None = None
@@ -294,6 +296,7 @@ class _Client:
         with self._lifecycle:
             if self._state == "new":
                 self._state = "started"
+                self._was_started = True
 
     def _close(
         self, closing: Callable[[], Coroutine[Any, Any, Any]], bound: float
@@ -331,6 +334,7 @@ class _Client:
             error = NSQTimeoutError(
                 f"the {self._kind}'s event loop thread did not stop within {_JOIN_TIMEOUT} s"
             )
+        self._close_error = error
         return error
 
     def _wait_closed(self) -> None:
@@ -501,7 +505,14 @@ class Consumer(_Client):
 
     def run(self) -> None:
         """Consume until :meth:`close` is called; raise the error that stopped the consumer,
-        if it stopped by itself. Starts the consumer if needed."""
+        if it stopped by itself. Starts the consumer if needed; returns at once if close()
+        came first."""
+        if self._was_started and self._reported is None and self._state in ("closing", "closed"):
+            # close() won the race with run(): the consuming run() would wait for is over.
+            # A consumer that stopped by an error is not "over" quietly: that is raised below.
+            self._wait_closed()
+            if self._close_error is None:
+                return
         self._check("run")
         if self._state == "new":
             self.start()

@@ -386,8 +386,21 @@ def test_run_with_a_plain_handler_until_closed_from_another_thread(tc: ThreadedC
     stats = consumer.stats()  # still readable after close
     assert (stats.finished, stats.touched, stats.in_flight) == (100, 1, 0)
     consumer.close()
+    consumer.run()  # consuming is over: returns at once
+
+
+def test_run_returns_at_once_when_close_came_first(tc: ThreadedCluster) -> None:
+    """The closer thread may win the race with run(): run() then has nothing to wait for;
+    a consumer closed before it ever started is an error."""
+    consumer = _consumer(tc, handler=lambda m: None)
+    consumer.start()
+    _start_thread(consumer.close, "closer").join(WAIT)
+    consumer.run()
+    assert _threads_named("smartnsq-consumer-loop") == []
+    never_started = _consumer(tc, handler=lambda m: None)
+    never_started.close()
     with pytest.raises(e.ClientClosedError):
-        consumer.run()
+        never_started.run()
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="needs SIGUSR1")
