@@ -1,9 +1,12 @@
 """Producer auto-batching: concurrent publishes to the same partition leave as one MPUB.
 
 Each message waits at most ``linger`` seconds for company (or until ``max_batch`` messages or
-the frame's byte limit are reached). Per partition, one batch is in flight at a time, so a
-retried batch can never be overtaken by a later one: per-partition (and so per-key) order
-holds. Each caller gets its own result or the batch's exception.
+the frame's byte limit are reached). A lane bound to one partition (keyed or explicit
+publishes) has one batch in flight at a time, so a retried batch can never be overtaken by a
+later one: per-partition (and so per-key) order holds. The unkeyed lane has no order to keep
+(its batches are spread over partitions), so several of its batches are in flight at once and
+the client fills the next while nsqd stores the last. Each caller gets its own result or the
+batch's exception.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ log = logging.getLogger("smartnsq.producer")
 # MPUB frame: [size][count] then [size][body] per message.
 _FRAME_OVERHEAD = 8
 _PER_MESSAGE = 4
+# Batches of the unkeyed lane in flight at once: enough to keep nsqd and the client busy
+# together, and to spread over the partitions of a youzan topic.
+UNORDERED_IN_FLIGHT = 8
 
 Flush = Callable[[Hashable, list[bytes], list[int] | None], Awaitable[list[Any]]]
 
@@ -36,14 +42,15 @@ class _Batch:
 
 
 class _Lane:
-    """The batches of one key: the one filling up, and whether one is in flight."""
+    """The batches of one key: the one filling up, those waiting, how many are in flight."""
 
-    __slots__ = ("busy", "filling", "queue")
+    __slots__ = ("filling", "in_flight", "limit", "queue")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int) -> None:
         self.filling: _Batch | None = None
         self.queue: list[_Batch] = []  # full or lingered out, waiting for the lane
-        self.busy = False
+        self.in_flight = 0
+        self.limit = limit
 
 
 class Batcher:
@@ -56,12 +63,15 @@ class Batcher:
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches_sent = 0
 
-    def add(self, key: Hashable, body: bytes, trace_id: int | None) -> asyncio.Future[Any]:
-        """Queue one message; the future gets its result."""
+    def add(
+        self, key: Hashable, body: bytes, trace_id: int | None, *, ordered: bool = True
+    ) -> asyncio.Future[Any]:
+        """Queue one message; the future gets its result. ``ordered`` (fixed by the lane's
+        first message): one batch of the lane in flight at a time."""
         loop = asyncio.get_running_loop()
         lane = self._lanes.get(key)
         if lane is None:
-            lane = self._lanes[key] = _Lane()
+            lane = self._lanes[key] = _Lane(1 if ordered else UNORDERED_IN_FLIGHT)
         batch = lane.filling
         needed = _PER_MESSAGE + len(body)
         if batch is not None and (
@@ -100,13 +110,12 @@ class Batcher:
         self._pump(key, lane)
 
     def _pump(self, key: Hashable, lane: _Lane) -> None:
-        if lane.busy or not lane.queue:
-            return
-        lane.busy = True
-        batch = lane.queue.pop(0)
-        task = asyncio.get_running_loop().create_task(self._send(key, lane, batch))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        while lane.queue and lane.in_flight < lane.limit:
+            lane.in_flight += 1
+            batch = lane.queue.pop(0)
+            task = asyncio.get_running_loop().create_task(self._send(key, lane, batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _send(self, key: Hashable, lane: _Lane, batch: _Batch) -> None:
         try:
@@ -123,7 +132,7 @@ class Batcher:
                 if not future.done():
                     future.set_result(result)
         finally:
-            lane.busy = False
+            lane.in_flight -= 1
             self._pump(key, lane)
 
     async def flush(self) -> None:

@@ -475,14 +475,17 @@ class Producer:
         if self._batcher is None:  # pragma: no cover - only called with a batcher
             raise ValidationError("linger", "batching is off")
         lane: tuple[Any, ...]
-        if request.partition is None and request.key is _NO_KEY:
+        ordered = request.partition is not None or request.key is not _NO_KEY
+        if not ordered:
             lane = (request.topic, "any")
         else:
             route = self._route_now(request) or await self._route(request)
             target = route.partition if route.youzan else route.address
             lane = (request.topic, "pinned", route.youzan, target)
         trace_id = request.trace_ids[0] if request.trace_ids else None
-        result: PublishResult = await self._batcher.add(lane, request.bodies[0], trace_id)
+        result: PublishResult = await self._batcher.add(
+            lane, request.bodies[0], trace_id, ordered=ordered
+        )
         return result
 
     async def _flush_batch(

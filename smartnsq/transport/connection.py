@@ -171,6 +171,12 @@ MessageCallback = Callable[["Connection", MessageFrame], None]
 ErrorCallback = Callable[["Connection", ServerError], None]
 CloseCallback = Callable[["Connection", "BaseException | None"], None]
 
+# Queued writes leave at the end of the loop iteration, or as soon as this many bytes are
+# queued: nsqd then starts on the first commands while the client encodes the rest, instead
+# of the two sides taking turns (measured: 100 concurrent PUBs 82k -> 142k msgs/s with the
+# cluster on another core; ~32 PUBs or one 40-message MPUB per write).
+FLUSH_AT = 4096
+
 
 class Connection(ReusableReadBuffer):
     """A connection to one nsqd. Create, then ``await connect()``."""
@@ -209,6 +215,7 @@ class Connection(ReusableReadBuffer):
         self._decoder = FrameDecoder(self.config.max_frame_size)
         self._pending: deque[_Pending] = deque()
         self._wbuf: list[bytes] = []
+        self._wsize = 0
         self._flush_handle: asyncio.Handle | None = None
         self._in_read = False
         self._held = False
@@ -474,11 +481,15 @@ class Connection(ReusableReadBuffer):
 
     def send(self, data: bytes) -> None:
         """Queue bytes for nsqd; they leave with everything else written in this loop
-        iteration (or at the end of the current read)."""
+        iteration (or at the end of the current read), or once FLUSH_AT bytes are queued."""
         if self._closed:
             raise ConnectionClosedError("connection is closed", self.address)
-        self._wbuf.append(data)
-        if not self._in_read and self._flush_handle is None and self._loop is not None:
+        wbuf = self._wbuf
+        wbuf.append(data)
+        self._wsize += len(data)
+        if self._wsize >= FLUSH_AT:
+            self._flush()
+        elif not self._in_read and self._flush_handle is None and self._loop is not None:
             self._flush_handle = self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
@@ -489,6 +500,7 @@ class Connection(ReusableReadBuffer):
             return
         data = b"".join(buf) if len(buf) > 1 else buf[0]
         buf.clear()
+        self._wsize = 0
         if self._codec is not None:
             data = self._codec.compress(data)
         transport.write(data)

@@ -1,13 +1,13 @@
-"""The auto-batcher without sockets: lanes, limits, one batch in flight per lane, results
-and errors fanned out to each caller."""
+"""The auto-batcher without sockets: lanes, limits, one batch in flight per ordered lane and
+several per unordered one, results and errors fanned out to each caller."""
 
 import asyncio
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import pytest
 
-from smartnsq.batching import Batcher
+from smartnsq.batching import UNORDERED_IN_FLIGHT, Batcher
 
 
 class Recorder:
@@ -33,6 +33,15 @@ class Recorder:
             return [(lane, b) for b in bodies]
         finally:
             self.running[lane] -= 1
+
+
+async def until(condition: Callable[[], bool], turns: int = 100) -> None:
+    """Let the loop run until ``condition`` holds (no clock involved)."""
+    for _ in range(turns):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition not reached")
 
 
 async def test_concurrent_adds_share_a_batch() -> None:
@@ -65,12 +74,28 @@ async def test_one_batch_in_flight_per_lane_keeps_order() -> None:
     batcher = Batcher(flush, linger=0, max_batch=2, max_bytes=10_000)
     futures = [batcher.add("k", b"%d" % i, None) for i in range(6)]
     other = batcher.add("other", b"o", None)
-    await asyncio.sleep(0.01)
+    await until(lambda: flush.running.get("other") == 1)  # its linger timer fired later
+    assert flush.running == {"k": 1, "other": 1}
     flush.gate.set()
     await asyncio.gather(*futures, other)
     assert flush.max_concurrent_per_lane == 1
     sent = [body for lane, bodies, _ in flush.batches if lane == "k" for body in bodies]
     assert sent == [b"%d" % i for i in range(6)]
+
+
+async def test_an_unordered_lane_keeps_several_batches_in_flight() -> None:
+    flush = Recorder()
+    flush.gate = asyncio.Event()
+    batcher = Batcher(flush, linger=0, max_batch=2, max_bytes=10_000)
+    count = 2 * (UNORDERED_IN_FLIGHT + 2)
+    futures = [batcher.add("any", b"%d" % i, None, ordered=False) for i in range(count)]
+    await asyncio.sleep(0)  # every flush task created so far runs up to the gate
+    assert flush.running == {"any": UNORDERED_IN_FLIGHT}  # the other two batches wait
+    flush.gate.set()
+    results = await asyncio.gather(*futures)
+    assert results == [("any", b"%d" % i) for i in range(count)]  # each caller its own
+    assert len(flush.batches) == UNORDERED_IN_FLIGHT + 2
+    assert flush.max_concurrent_per_lane == UNORDERED_IN_FLIGHT
 
 
 async def test_errors_reach_every_caller_of_the_batch() -> None:
