@@ -180,8 +180,11 @@ def summarize(runs: list[dict[str, Any]], selected: list[Case]) -> dict[str, Any
         row: dict[str, Any] = {"workload": case.workload, "client": case.client, "runs": len(mine)}
         row["failed"] = failed
         if mine:
-            row["msgs_per_s"] = median([rate(r) for r in mine])
+            rates = [rate(r) for r in mine]
+            row["msgs_per_s"] = median(rates)
+            row["msgs_per_s_min"], row["msgs_per_s_max"] = min(rates), max(rates)
             row["client_us_per_msg"] = median([per_message(r, "cpu") for r in mine])
+            row["client_sys_us_per_msg"] = median([per_message(r, "cpu_system") for r in mine])
             row["cluster_us_per_msg"] = median([per_message(r, "cluster_cpu") for r in mine])
             row["other_load"] = median([other_load(r) for r in mine])
             if any(r.get("latency_us") for r in mine):
@@ -283,15 +286,24 @@ def report(summary: dict[str, Any], args: argparse.Namespace, env: dict[str, Any
         f"{args.pub1:,}, pub100 {args.pub100:,} (100 publishers), mpub100 {args.mpub100:,} "
         f"(batches of 100, {args.mpub_window} in flight); warm-up {args.warmup:,} (publish)",
         "",
-        f"{'workload':<17}{'client':<10}{'msgs/s':>10}{'client µs/msg':>15}"
-        f"{'cluster µs/msg':>16}{'other load':>12}{'p50 µs':>9}{'p99 µs':>9}{'runs':>6}",
+        "msgs/s: median (min-max spread as +-% of it); CPU in µs per message: the client's "
+        "(of which in the kernel), the cluster's; other load: CPU other processes used while "
+        "measuring (% of one core)",
+        "",
+        f"{'workload':<17}{'client':<10}{'msgs/s':>10}{'+-%':>5}{'client µs/msg':>15}"
+        f"{'(sys)':>7}{'cluster µs/msg':>16}{'other load':>12}{'p50 µs':>9}{'p99 µs':>9}"
+        f"{'runs':>6}",
     ]
     for row in summary["rows"]:
         other = row.get("other_load")
+        spread = None
+        if row.get("msgs_per_s"):
+            spread = 50 * (row["msgs_per_s_max"] - row["msgs_per_s_min"]) / row["msgs_per_s"]
         lines.append(
             f"{row['workload']:<17}{row['client']:<10}"
-            f"{_num(row.get('msgs_per_s'), ',.0f', 10)}"
+            f"{_num(row.get('msgs_per_s'), ',.0f', 10)}{_num(spread, '.0f', 5)}"
             f"{_num(row.get('client_us_per_msg'), '.2f', 15)}"
+            f"{_num(row.get('client_sys_us_per_msg'), '.1f', 7)}"
             f"{_num(row.get('cluster_us_per_msg'), '.2f', 16)}"
             f"{_num(None if other is None else 100 * other, '.0f', 11)}%"
             f"{_num(row.get('p50_us'), '.0f', 9)}{_num(row.get('p99_us'), '.0f', 9)}"

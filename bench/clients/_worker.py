@@ -50,6 +50,12 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def cpu_split() -> tuple[float, float]:
+    """(user, system) CPU seconds of this process so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime, usage.ru_stime
+
+
 def pin(cpu: int | None, pid: int = 0) -> bool:
     """Pin a process (0: this one) to one core; False where that core is not ours."""
     if cpu is None or not hasattr(os, "sched_setaffinity"):
@@ -87,6 +93,7 @@ class Result:
     messages: int = 0
     seconds: float = 0.0
     cpu: float = 0.0
+    cpu_system: float = 0.0  # the kernel's share of ``cpu`` (sockets, epoll...)
     cluster_cpu: float | None = None
     other_cpu: float | None = None  # busy CPU of the machine not used by worker nor cluster
     latency_us: dict[str, float] = field(default_factory=dict)
@@ -98,10 +105,10 @@ class Meter:
 
     def __init__(self, cluster_pid: int | None) -> None:
         self.cluster_pid = cluster_pid
-        self.t0 = self.cpu0 = 0.0
+        self.t0 = self.user0 = self.system0 = 0.0
         self.cluster0: float | None = None
         self.busy0 = 0.0
-        self.seconds = self.cpu = 0.0
+        self.seconds = self.cpu = self.cpu_system = 0.0
         self.cluster_cpu: float | None = None
         self.other_cpu: float | None = None
 
@@ -116,16 +123,17 @@ class Meter:
     def start(self) -> None:
         self.busy0 = machine_busy()
         self.cluster0 = self._cluster()
-        self.cpu0 = cpu_seconds()
+        self.user0, self.system0 = cpu_split()
         self.t0 = time.perf_counter()
 
     def stop(self) -> None:
         t1 = time.perf_counter()
-        cpu1 = cpu_seconds()
+        user1, system1 = cpu_split()
         cluster1 = self._cluster()
         busy = machine_busy() - self.busy0
         self.seconds = t1 - self.t0
-        self.cpu = cpu1 - self.cpu0
+        self.cpu_system = system1 - self.system0
+        self.cpu = user1 - self.user0 + self.cpu_system
         if self.cluster0 is not None and cluster1 is not None:
             self.cluster_cpu = cluster1 - self.cluster0
             self.other_cpu = max(0.0, busy - self.cpu - self.cluster_cpu)
@@ -134,6 +142,7 @@ class Meter:
         result.messages = messages
         result.seconds = self.seconds
         result.cpu = self.cpu
+        result.cpu_system = self.cpu_system
         result.cluster_cpu = self.cluster_cpu
         result.other_cpu = self.other_cpu
         return result
