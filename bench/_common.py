@@ -55,6 +55,7 @@ __all__ = [
     "measure",
     "median",
     "other_load",
+    "parallel_cores",
     "per_message",
     "percentiles",
     "pin",
@@ -112,6 +113,41 @@ def wait_for_quiet(max_load: float, patience: float, window: float = 0.5) -> flo
         waited = time.perf_counter() - started
         if load <= max_load or waited >= patience:
             return waited
+
+
+_SPIN = """
+import os, sys, time
+os.sched_setaffinity(0, {%d})
+end = time.perf_counter() + %f
+cpu = time.process_time()
+while time.perf_counter() < end:
+    pass
+print(time.process_time() - cpu)
+"""
+
+
+def parallel_cores(cores: Sequence[int] = (0, 1), seconds: float = 0.4) -> float | None:
+    """How many cores the machine really delivers when ``cores`` are all busy: one busy loop
+    pinned to each, for ``seconds``; the sum of the CPU time they got over the wall time. A
+    virtual machine's cores may share physical ones with other tenants: 2 cores can deliver
+    1.3 (then the client and the cluster slow each other down)."""
+    available = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    if not set(cores) <= available:
+        return None
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _SPIN % (core, seconds)],
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=die_with_parent(),
+        )
+        for core in cores
+    ]
+    total = 0.0
+    for proc in procs:
+        out, _ = proc.communicate(timeout=30)
+        total += float(out.strip() or 0)
+    return total / seconds
 
 
 def median(values: Sequence[float | None]) -> float | None:

@@ -46,6 +46,7 @@ from _common import (
     measure,
     median,
     other_load,
+    parallel_cores,
     per_message,
     pin,
     rate,
@@ -137,10 +138,18 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
     return measure(job, Conditions.from_args(args), log)
 
 
-def run_all(args: argparse.Namespace, selected: list[Case]) -> list[dict[str, Any]]:
+def run_all(
+    args: argparse.Namespace, selected: list[Case]
+) -> tuple[list[dict[str, Any]], list[float]]:
+    """Every run (with its round) and, per round, the cores the machine delivered."""
     rng = random.Random(args.seed)
     runs: list[dict[str, Any]] = []
+    probes: list[float] = []
     for round_ in range(1, args.rounds + 1):
+        cores = parallel_cores((args.cluster_cpu, args.client_cpu))
+        if cores is not None:
+            probes.append(cores)
+            log(f"round {round_}: two busy pinned loops got {cores:.2f} cores")
         order = selected[:]
         rng.shuffle(order)
         for case in order:
@@ -161,7 +170,7 @@ def run_all(args: argparse.Namespace, selected: list[Case]) -> list[dict[str, An
                 log(f"round {round_}: {case.workload:<16} {case.client:<9} {describe(record)}")
             record["run_seconds"] = time.perf_counter() - started
             runs.append(record)
-    return runs
+    return runs, probes
 
 
 # --------------------------------------------------------------------------- summary
@@ -286,6 +295,7 @@ def report(summary: dict[str, Any], args: argparse.Namespace, env: dict[str, Any
         f"{args.pub1:,}, pub100 {args.pub100:,} (100 publishers), mpub100 {args.mpub100:,} "
         f"(batches of 100, {args.mpub_window} in flight); warm-up {args.warmup:,} (publish)",
         "",
+        parallel_line(summary.get("parallel_cores") or []),
         "msgs/s: median (min-max spread as +-% of it); CPU in µs per message: the client's "
         "(of which in the kernel), the cluster's; other load: CPU other processes used while "
         "measuring (% of one core)",
@@ -334,6 +344,16 @@ def report(summary: dict[str, Any], args: argparse.Namespace, env: dict[str, Any
         value = "-" if target["value"] is None else f"{target['value']:.2f}{unit}"
         lines.append(f"  [{state}] {target['target']}: {value}")
     return "\n".join(lines)
+
+
+def parallel_line(probes: list[float]) -> str:
+    if not probes:
+        return "cores delivered: not probed"
+    low, mid, high = min(probes), median(probes) or 0.0, max(probes)
+    return (
+        f"cores delivered when both pinned cores are busy (probe per round): median {mid:.2f}"
+        f" (min {low:.2f}, max {high:.2f}); below 2, client and cluster slow each other down"
+    )
 
 
 def environment() -> dict[str, Any]:
@@ -422,8 +442,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = environment()
 
     started = time.perf_counter()
-    runs = run_all(args, args.selected)
+    runs, probes = run_all(args, args.selected)
     summary = summarize(runs, args.selected)
+    summary["parallel_cores"] = probes
     print(report(summary, args, env))
     print(f"\n({len(runs)} runs in {time.perf_counter() - started:.0f} s)")
     if args.json:

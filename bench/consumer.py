@@ -29,6 +29,7 @@ from _common import (
     exit_on_sigterm,
     log,
     measure,
+    parallel_cores,
     print_table,
     write_json,
 )
@@ -48,6 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     exit_on_sigterm()
     where = Conditions.from_args(args)
+    cores = [parallel_cores((args.cluster_cpu, args.client_cpu))]
 
     runs: dict[str, list[dict[str, Any]]] = {"consume": []}
     for round_ in range(1, args.rounds + 1):
@@ -64,12 +66,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs["consume"].append(result)
         log(f"round {round_}: consume: {describe(result)}")
 
+    cores.append(parallel_cores((args.cluster_cpu, args.client_cpu)))
     mode = "classic nsqd" if args.classic else f"youzan, {args.partitions} partitions"
     print(
         f"smartnsq Consumer, {mode}, max_in_flight {args.max_in_flight}, "
         f"{args.messages:,} messages per round; cluster pinned to core {args.cluster_cpu}, "
         f"consumer to core {args.client_cpu}; medians of {args.rounds} round(s)"
     )
+    if None not in cores:
+        print(f"two busy pinned loops got {cores[0]:.2f} cores before, {cores[1]:.2f} after")
     print_table(runs, AIMS)
     if args.json:
         write_json(args.json, vars(args), runs)

@@ -32,6 +32,7 @@ from _common import (
     exit_on_sigterm,
     log,
     measure,
+    parallel_cores,
     print_table,
     write_json,
 )
@@ -71,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if set(only) - set(WORKLOADS):
         parser.error(f"--only: unknown {sorted(set(only) - set(WORKLOADS))}")
     counts = {"pub1": args.sequential, "pub100": args.messages, "mpub100": args.batched}
+    cores = [parallel_cores((args.cluster_cpu, args.client_cpu))]
 
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in only}
     for round_ in range(1, args.rounds + 1):
@@ -93,11 +95,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             runs[name].append(result)
             log(f"round {round_}: {name}: {describe(result)}")
 
+    cores.append(parallel_cores((args.cluster_cpu, args.client_cpu)))
     mode = "classic nsqd" if args.classic else f"youzan, {args.partitions} partitions"
     print(
         f"smartnsq Producer, {mode}; cluster pinned to core {args.cluster_cpu}, producer to "
         f"core {args.client_cpu}; 100-byte bodies; medians of {args.rounds} round(s)"
     )
+    if None not in cores:
+        print(f"two busy pinned loops got {cores[0]:.2f} cores before, {cores[1]:.2f} after")
     print_table(runs, AIMS)
     if args.json:
         write_json(args.json, vars(args), runs)
