@@ -131,8 +131,7 @@ def parallel_cores(cores: Sequence[int] = (0, 1), seconds: float = 0.4) -> float
     pinned to each, for ``seconds``; the sum of the CPU time they got over the wall time. A
     virtual machine's cores may share physical ones with other tenants: 2 cores can deliver
     1.3 (then the client and the cluster slow each other down)."""
-    available = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
-    if not set(cores) <= available:
+    if not hasattr(os, "sched_setaffinity") or max(cores) >= (os.cpu_count() or 1):
         return None
     procs = [
         subprocess.Popen(
@@ -545,6 +544,13 @@ def measure(job: Job, where: Conditions, log: Callable[[str], None]) -> dict[str
         result.pop("stderr", None)
         result["attempt"] = attempt
         result["waited_for_quiet"] = round(waited, 2)
+        cpus = result.get("cpus") or {}
+        wanted = {"client": where.client_cpu, "cluster": where.cluster_cpu}
+        result["pinned"] = all(
+            cpu is None or cpus.get(name) == [cpu] for name, cpu in wanted.items()
+        )
+        if not result["pinned"]:
+            log(f"  warning: asked for {wanted}, the processes ran on {cpus}")
         other = other_load(result)
         if other is None or other <= where.max_other_load or attempt > where.retries:
             return result

@@ -319,6 +319,9 @@ def report(summary: dict[str, Any], args: argparse.Namespace, env: dict[str, Any
             f"{_num(row.get('p50_us'), '.0f', 9)}{_num(row.get('p99_us'), '.0f', 9)}"
             f"{row['runs']:>6}" + (f"  ({row['failed']} failed)" if row["failed"] else "")
         )
+    unpinned = summary.get("unpinned_runs", 0)
+    if unpinned:
+        lines.append(f"WARNING: {unpinned} run(s) did not run on the cores asked for (see JSON)")
     lines += ["", "same-round ratios (median over rounds; latency: lower is better)"]
     lines.append(f"{'smartnsq workload':<30}{'metric':<13}{'vs pynsq':>10}{'vs gnsq':>10}")
     keys: list[tuple[str, str]] = []
@@ -445,6 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs, probes = run_all(args, args.selected)
     summary = summarize(runs, args.selected)
     summary["parallel_cores"] = probes
+    summary["unpinned_runs"] = sum(1 for r in runs if r.get("pinned") is False)
     print(report(summary, args, env))
     print(f"\n({len(runs)} runs in {time.perf_counter() - started:.0f} s)")
     if args.json:

@@ -57,13 +57,24 @@ def cpu_split() -> tuple[float, float]:
 
 
 def pin(cpu: int | None, pid: int = 0) -> bool:
-    """Pin a process (0: this one) to one core; False where that core is not ours."""
+    """Pin a process (0: this one) to one core; False where that is impossible (not Linux,
+    no such core). Whatever the caller's own affinity: an orchestrator pinned to one core
+    still pins its children to another."""
     if cpu is None or not hasattr(os, "sched_setaffinity"):
         return False
-    if cpu not in os.sched_getaffinity(0):
+    try:
+        os.sched_setaffinity(pid, {cpu})
+    except OSError:
         return False
-    os.sched_setaffinity(pid, {cpu})
     return True
+
+
+def affinity(pid: int = 0) -> list[int] | None:
+    """The cores a process may run on (None where unknown)."""
+    try:
+        return sorted(os.sched_getaffinity(pid))
+    except (AttributeError, OSError):
+        return None
 
 
 def percentiles(samples_ns: list[int]) -> dict[str, float]:
@@ -97,6 +108,7 @@ class Result:
     cluster_cpu: float | None = None
     other_cpu: float | None = None  # busy CPU of the machine not used by worker nor cluster
     latency_us: dict[str, float] = field(default_factory=dict)
+    cpus: dict[str, list[int] | None] = field(default_factory=dict)  # where each process ran
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -145,6 +157,9 @@ class Meter:
         result.cpu_system = self.cpu_system
         result.cluster_cpu = self.cluster_cpu
         result.other_cpu = self.other_cpu
+        result.cpus = {"client": affinity()}
+        if self.cluster_pid is not None:
+            result.cpus["cluster"] = affinity(self.cluster_pid)
         return result
 
 
