@@ -34,24 +34,27 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from smartnsq.protocol import commands
-from smartnsq.protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, FrameDecoder
-from smartnsq.protocol.responses import CLOSE_WAIT, HEARTBEAT
+from _common import (
+    BATCH,
+    BODY,
+    TIMEOUT,
+    Publisher,
+    Subscriber,
+    cpu_clock,
+    pin,
+    spawn_cluster,
+    split,
+)
 
-BODY = b"x" * 100
-BATCH = 100
+from smartnsq.protocol import commands
+
 CHANNEL = "bench"
-TIMEOUT = 120.0
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -77,166 +80,17 @@ class Phase:
         return self.cluster_cpu * 100_000 / self.messages
 
 
-# --------------------------------------------------------------------------- CPU clocks
-
-
-def proc_cpu(pid: int) -> float:
-    """User + system CPU seconds of a process (all its threads), from /proc/<pid>/stat."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def cpu_clock(pid: int | None) -> Callable[[], float]:
-    if pid is None or pid == os.getpid():
-        return time.process_time
-    return lambda: proc_cpu(pid)
-
-
-# --------------------------------------------------------------------------- connections
-
-
-class Connection(asyncio.Protocol):
-    """A raw NSQ connection: frames go through the protocol floor's decoder."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.decoder = FrameDecoder()
-        self.loop = asyncio.get_running_loop()
-        self.waiter: asyncio.Future[bytes] | None = None
-        self.lost: BaseException | None = None
-
-    @classmethod
-    async def open(cls, address: str, **identify: Any) -> Any:
-        host, port = address.rsplit(":", 1)
-        loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(cls, host, int(port))
-        conn.send(commands.MAGIC_V2)
-        body = {"client_id": "bench", "hostname": "bench", "feature_negotiation": True}
-        await conn.request(commands.identify(body | identify))
-        return conn
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = exc or ConnectionError("connection closed")
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_exception(self.lost)
-
-    def send(self, data: bytes) -> None:
-        if self.transport is None:
-            raise ConnectionError("not connected")
-        self.transport.write(data)
-
-    async def request(self, data: bytes) -> bytes:
-        """Send a command and wait for its response frame (setup only, not measured)."""
-        self.waiter = self.loop.create_future()
-        self.send(data)
-        return await asyncio.wait_for(self.waiter, TIMEOUT)
-
-    def data_received(self, data: bytes) -> None:
-        self.decoder.feed(data)
-        for frame in self.decoder.drain():
-            if frame.type == FRAME_TYPE_ERROR:
-                raise RuntimeError(f"nsqd answered an error: {frame.data!r}")
-            if frame.data == HEARTBEAT:
-                self.send(commands.NOP)
-            elif self.waiter is not None and not self.waiter.done():
-                self.waiter.set_result(frame.data)
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
-
-class Publisher(Connection):
-    """Pipelined MPUB: keeps ``window`` batches in flight until ``batches`` are answered."""
-
-    def start(self, command: bytes, batches: int, window: int) -> asyncio.Future[None]:
-        self.command = command
-        self.to_send = batches
-        self.pending = 0
-        self.done: asyncio.Future[None] = self.loop.create_future()
-        self._fill(window)
-        return self.done
-
-    def _fill(self, count: int) -> None:
-        count = min(count, self.to_send)
-        if count > 0:
-            self.to_send -= count
-            self.pending += count
-            self.send(self.command * count)
-
-    def data_received(self, data: bytes) -> None:
-        if not hasattr(self, "done"):
-            super().data_received(data)
-            return
-        self.decoder.feed(data)
-        answered = 0
-        for frame in self.decoder.drain():
-            if frame.type == FRAME_TYPE_ERROR:
-                self.done.set_exception(RuntimeError(f"MPUB failed: {frame.data!r}"))
-                return
-            if frame.data == HEARTBEAT:
-                self.send(commands.NOP)
-                continue
-            answered += 1
-        self.pending -= answered
-        self._fill(answered)
-        if self.pending == 0 and self.to_send == 0 and not self.done.done():
-            self.done.set_result(None)
-
-
-class Subscriber(Connection):
-    """FINs every message, all FINs of one read in one write; CLS once it has ``expected``."""
-
-    def consume(self, expected: int, rdy: int) -> asyncio.Future[None]:
-        self.expected = expected
-        self.received = 0
-        self.done: asyncio.Future[None] = self.loop.create_future()
-        self.send(commands.rdy(rdy))
-        return self.done
-
-    def data_received(self, data: bytes) -> None:
-        if not hasattr(self, "done"):
-            super().data_received(data)
-            return
-        self.decoder.feed(data)
-        fins = []
-        for frame in self.decoder.drain():
-            if frame.type == FRAME_TYPE_MESSAGE:
-                fins.append(commands.fin(frame.data[10:26]))
-            elif frame.type == FRAME_TYPE_ERROR:
-                self.done.set_exception(RuntimeError(f"nsqd answered an error: {frame.data!r}"))
-                return
-            elif frame.data == HEARTBEAT:
-                fins.append(commands.NOP)
-            elif frame.data == CLOSE_WAIT and not self.done.done():
-                self.done.set_result(None)
-        if fins:
-            before = self.received
-            self.received += len(fins)
-            if before < self.expected <= self.received:
-                fins.append(commands.CLS)
-            self.send(b"".join(fins))
-
-
 # --------------------------------------------------------------------------- one round
 
 PHASES = ("MPUB x100", "PUB", "deliver")
-
-
-def _spread(total: int, count: int) -> list[int]:
-    return [total // count + (1 if i < total % count else 0) for i in range(count)]
 
 
 async def run_round(
     scenario: Scenario, args: argparse.Namespace, clock: Callable[[], float]
 ) -> list[Phase]:
     count = len(scenario.partitions)
-    batches = _spread(args.messages // BATCH, count)
-    pubs = _spread(args.pub_messages, count)
+    batches = split(args.messages // BATCH, count)
+    pubs = split(args.pub_messages, count)
     pub_window = max(1, args.pub_window // count)
     subscribers: list[Subscriber] = []
     publishers: list[Publisher] = []
@@ -346,46 +200,18 @@ async def bench_in_process(args: argparse.Namespace) -> list[Row]:
 
 def bench_spawned(args: argparse.Namespace) -> list[Row]:
     # A fresh child per scenario: one does not pay for the messages another stored.
-    youzan = [
-        [f"--nodes={args.nodes}", f"--topic={topic}:{n}:1", f"--channel={topic}:{CHANNEL}"]
+    specs = [
+        (False, args.nodes, f"{topic}:{n}:1", f"{topic}:{CHANNEL}")
         for topic, n in (("bench1", 1), ("bench4", 4))
     ]
-    classic = ["--classic", "--nodes=1", "--topic=bench", f"--channel=bench:{CHANNEL}"]
+    specs.append((True, 1, "bench", f"bench:{CHANNEL}"))
     rows = []
-    for extra in (*youzan, classic):
-        with tempfile.TemporaryDirectory() as tmp:
-            port_file = Path(tmp) / "cluster.json"
-            argv = [sys.executable, "-m", "smartnsq", "cluster", *extra]
-            child = subprocess.Popen(
-                [*argv, f"--port-file={port_file}"], stdout=subprocess.PIPE, text=True
-            )
-            try:
-                _pin(child.pid, args.cluster_cpu)
-                _wait_ready(child)
-                rows += asyncio.run(bench_info(json.loads(port_file.read_text()), args))
-            finally:
-                child.terminate()
-                try:
-                    child.wait(10)
-                except subprocess.TimeoutExpired:
-                    child.kill()
-                    child.wait()
+    for classic, nodes, topic, channel in specs:
+        with spawn_cluster(
+            classic=classic, nodes=nodes, topics=[topic], channels=[channel], cpu=args.cluster_cpu
+        ) as cluster:
+            rows += asyncio.run(bench_info(cluster.info, args))
     return rows
-
-
-def _pin(pid: int, cpu: int) -> None:
-    if hasattr(os, "sched_setaffinity") and cpu in os.sched_getaffinity(0):
-        os.sched_setaffinity(pid, {cpu})
-
-
-def _wait_ready(child: subprocess.Popen[str]) -> None:
-    """The child prints its address block, ending with the "Ready" line, once it serves."""
-    if child.stdout is None:
-        raise RuntimeError("no stdout pipe")
-    for line in child.stdout:
-        if line.startswith("Ready"):
-            return
-    raise RuntimeError(f"smartnsq cluster exited with {child.wait()}")
 
 
 # --------------------------------------------------------------------------- report
@@ -437,7 +263,7 @@ def main() -> None:
         parser.error(f"--messages must be >= {BATCH} and --pub-messages >= 1")
 
     if args.spawn or args.port_file:
-        _pin(os.getpid(), args.bench_cpu)
+        pin(args.bench_cpu)
     if args.port_file:
         info = json.loads(args.port_file.read_text())
         rows = asyncio.run(bench_info(info, args))

@@ -1,0 +1,137 @@
+"""smartnsq benchmark worker: one workload, one JSON result line (see ``_worker.py``).
+
+Used the way its documentation shows: ``Producer.publish`` awaited (sequentially, or by
+``--concurrency`` tasks sharing one producer), ``Producer.publish_many`` for batches,
+``Producer(linger=...)`` for auto-batching, and ``Consumer(handler=async fn)`` whose handler
+returning finishes the message. ``--nsqd`` for classic nsqd, ``--lookupd`` for youzan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from _worker import (
+    BODY,
+    CONSUME_WORKLOADS,
+    PUBLISH_WORKLOADS,
+    Meter,
+    Result,
+    emit,
+    parse_args,
+    percentiles,
+)
+
+import smartnsq
+from smartnsq import Consumer, Message, Producer
+
+
+def _targets(args: Any) -> dict[str, list[str]]:
+    return {"nsqd": args.nsqd} if args.nsqd else {"lookupd": args.lookupd}
+
+
+async def consume(args: Any, result: Result) -> None:
+    expected = args.messages
+    done = asyncio.get_running_loop().create_future()
+    received = 0
+
+    async def handler(message: Message) -> None:
+        nonlocal received
+        received += 1
+        if received == expected:
+            done.set_result(None)
+
+    meter = Meter(args.cluster_pid)
+    meter.start()
+    consumer = Consumer(
+        args.topic,
+        args.channel,
+        handler=handler,
+        max_in_flight=args.max_in_flight,
+        **_targets(args),
+    )
+    try:
+        await consumer.start()
+        await asyncio.wait_for(done, args.timeout)
+        meter.stop()
+        stats = consumer.stats()
+    finally:
+        await consumer.close()
+    meter.fill(result, received)
+    result.extra = {"finished": stats.finished, "connections": stats.connections}
+
+
+async def _sequential(publish: Callable[[], Awaitable[Any]], count: int, lat: list[int]) -> None:
+    clock = time.perf_counter_ns
+    for _ in range(count):
+        t0 = clock()
+        await publish()
+        lat.append(clock() - t0)
+
+
+async def _concurrent(publish: Callable[[], Awaitable[Any]], count: int, workers: int) -> None:
+    remaining = count
+
+    async def publisher() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            await publish()
+
+    await asyncio.gather(*(publisher() for _ in range(workers)))
+
+
+async def publish(args: Any, result: Result) -> None:
+    linger = args.linger if args.workload == "pub100" else None
+    producer = Producer(**_targets(args), linger=linger, max_batch=args.batch)
+    topic = args.topic
+    batch = [BODY] * args.batch
+
+    def pub() -> Awaitable[Any]:
+        return producer.publish(topic, BODY)
+
+    def mpub() -> Awaitable[Any]:
+        return producer.publish_many(topic, batch)
+
+    latencies: list[int] = []
+
+    async def run(messages: int) -> None:
+        if args.workload == "pub1":
+            await _sequential(pub, messages, latencies)
+        elif args.workload == "pub100":
+            await _concurrent(pub, messages, args.concurrency)
+        else:
+            batches = max(1, messages // args.batch)
+            await _concurrent(mpub, batches, args.mpub_window)
+
+    meter = Meter(args.cluster_pid)
+    async with producer:
+        await run(args.warmup)
+        latencies.clear()
+        batcher = producer._batcher  # read only: how many MPUBs auto-batching sent
+        sent = batcher.batches_sent if batcher is not None else 0
+        meter.start()
+        await asyncio.wait_for(run(args.messages), args.timeout)
+        meter.stop()
+        if batcher is not None:
+            result.extra["mpub_batches"] = batcher.batches_sent - sent
+    meter.fill(result, args.messages)
+    result.latency_us = percentiles(latencies)
+    if linger is not None:
+        result.extra["linger"] = linger
+
+
+def main() -> int:
+    args = parse_args("smartnsq", CONSUME_WORKLOADS + PUBLISH_WORKLOADS)
+    result = Result("smartnsq", smartnsq.__version__, args.workload)
+    work = consume if args.workload == "consume" else publish
+    asyncio.run(work(args, result))
+    emit(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,463 @@
+"""Side-by-side comparison of smartnsq, pynsq and gnsq against the embedded cluster.
+
+Run it through ``bench/compare`` (it prepares ``bench/.env`` with pynsq and gnsq from PyPI and
+this repository). Method, per round (default 5), in an order of (workload, client) shuffled
+each round:
+
+1. a fresh ``smartnsq cluster`` (classic nsqd; youzan with 4 partitions for the smartnsq
+   youzan rows) in a child process pinned to core 0 (``--cluster-cpu``);
+2. for consume: the topic pre-filled with raw MPUB (no client code);
+3. the client's worker (``clients/<client>_worker.py``) in its own process pinned to core 1
+   (``--client-cpu``), where it connects, warms up (publish) and measures one phase: wall
+   time, its CPU (getrusage) and the cluster's CPU (/proc), read at the same instants, plus
+   the machine's other load in that time (/proc/stat);
+4. the cluster is stopped (a fresh one per run: the emulator keeps every message).
+
+100-byte bodies. Workloads: consume (pre-filled topic, max_in_flight 2500, FIN each),
+pub1 (sequential PUB, one in flight; latency of each), pub100 (100 concurrent publishers
+sharing one producer), mpub100 (batches of 100, ``--mpub-window`` in flight); smartnsq also
+pub100 with auto-batching (``linger``) and the youzan rows.
+
+The table shows medians over rounds; the ratios are medians of same-round ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from _common import (
+    Conditions,
+    Job,
+    WorkerError,
+    describe,
+    exit_on_sigterm,
+    log,
+    measure,
+    median,
+    other_load,
+    parallel_cores,
+    per_message,
+    pin,
+    rate,
+)
+
+CLIENTS = ("smartnsq", "pynsq", "gnsq")
+YOUZAN_PARTITIONS = 4
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row of the table: a workload label, a client, and how its worker runs."""
+
+    workload: str  # label in the table
+    client: str
+    mode: str  # worker workload: consume, pub1, pub100, mpub100
+    youzan: bool = False
+    linger: float | None = None
+
+    @property
+    def base(self) -> str:
+        """The workload the other clients ran that this row is compared to."""
+        return BASES.get(self.workload, self.workload)
+
+
+BASES = {"pub100-batched": "pub100", "consume-youzan4": "consume", "pub100-youzan4": "pub100"}
+WORKLOADS = (
+    "consume",
+    "pub1",
+    "pub100",
+    "pub100-batched",
+    "mpub100",
+    "consume-youzan4",
+    "pub100-youzan4",
+)
+
+
+def cases(linger: float) -> list[Case]:
+    found = []
+    for mode in ("consume", "pub1", "pub100", "mpub100"):
+        found += [Case(mode, client, mode) for client in CLIENTS]
+    found.append(Case("pub100-batched", "smartnsq", "pub100", linger=linger))
+    found.append(Case("consume-youzan4", "smartnsq", "consume", youzan=True))
+    found.append(Case("pub100-youzan4", "smartnsq", "pub100", youzan=True))
+    return found
+
+
+@dataclass(frozen=True)
+class Target:
+    text: str
+    workload: str
+    kind: str  # "ratio" (>=), "latency" (p50 ratio <=), "cpu" (µs/msg <=)
+    limit: float
+    against: str = "pynsq"
+
+
+TARGETS = (
+    Target("consume >= 6x pynsq", "consume", "ratio", 6.0),
+    Target("consume: client CPU <= 5 µs/msg", "consume", "cpu", 5.0),
+    Target("PUB, 100 in flight >= 2.9x pynsq", "pub100", "ratio", 2.9),
+    Target("PUB, 100 in flight, auto-batching >= 5x pynsq", "pub100-batched", "ratio", 5.0),
+    Target("sequential PUB latency p50 <= 0.85x pynsq", "pub1", "latency", 0.85),
+)
+
+
+# --------------------------------------------------------------------------- running
+
+
+def counts(args: argparse.Namespace) -> dict[str, int]:
+    return {
+        "consume": args.consume,
+        "pub1": args.pub1,
+        "pub100": args.pub100,
+        "mpub100": args.mpub100,
+    }
+
+
+def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
+    job = Job(
+        case.client,
+        case.mode,
+        counts(args)[case.mode],
+        youzan=case.youzan,
+        partitions=YOUZAN_PARTITIONS,
+        linger=case.linger,
+        warmup=args.warmup,
+        mpub_window=args.mpub_window,
+    )
+    return measure(job, Conditions.from_args(args), log)
+
+
+def run_all(
+    args: argparse.Namespace, selected: list[Case]
+) -> tuple[list[dict[str, Any]], list[float]]:
+    """Every run (with its round) and, per round, the cores the machine delivered."""
+    rng = random.Random(args.seed)
+    runs: list[dict[str, Any]] = []
+    probes: list[float] = []
+    for round_ in range(1, args.rounds + 1):
+        cores = parallel_cores((args.cluster_cpu, args.client_cpu))
+        if cores is not None:
+            probes.append(cores)
+            log(f"round {round_}: two busy pinned loops got {cores:.2f} cores")
+        order = selected[:]
+        rng.shuffle(order)
+        for case in order:
+            record: dict[str, Any] = {
+                "round": round_,
+                "workload": case.workload,
+                "client": case.client,
+            }
+            started = time.perf_counter()
+            try:
+                result = run_case(case, args)
+            except (WorkerError, RuntimeError) as exc:
+                record["error"] = str(exc)
+                log(f"round {round_}: {case.workload:<16} {case.client:<9} FAILED: {exc}")
+            else:
+                record.update(result)
+                record["workload"] = case.workload
+                log(f"round {round_}: {case.workload:<16} {case.client:<9} {describe(record)}")
+            record["run_seconds"] = time.perf_counter() - started
+            runs.append(record)
+    return runs, probes
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def summarize(runs: list[dict[str, Any]], selected: list[Case]) -> dict[str, Any]:
+    ok = [r for r in runs if "error" not in r]
+    rows = []
+    for case in selected:
+        mine = [r for r in ok if r["workload"] == case.workload and r["client"] == case.client]
+        failed = sum(
+            1
+            for r in runs
+            if "error" in r and r["workload"] == case.workload and r["client"] == case.client
+        )
+        row: dict[str, Any] = {"workload": case.workload, "client": case.client, "runs": len(mine)}
+        row["failed"] = failed
+        if mine:
+            rates = [rate(r) for r in mine]
+            row["msgs_per_s"] = median(rates)
+            row["msgs_per_s_min"], row["msgs_per_s_max"] = min(rates), max(rates)
+            row["client_us_per_msg"] = median([per_message(r, "cpu") for r in mine])
+            row["client_sys_us_per_msg"] = median([per_message(r, "cpu_system") for r in mine])
+            row["cluster_us_per_msg"] = median([per_message(r, "cluster_cpu") for r in mine])
+            row["other_load"] = median([other_load(r) for r in mine])
+            if any(r.get("latency_us") for r in mine):
+                row["p50_us"] = median([r["latency_us"].get("p50") for r in mine])
+                row["p99_us"] = median([r["latency_us"].get("p99") for r in mine])
+            row["version"] = mine[0].get("version")
+        rows.append(row)
+    ratios = []
+    for case in selected:
+        if case.client != "smartnsq":
+            continue
+        for other in CLIENTS[1:]:
+            per_round = same_round(
+                ok, case.workload, other, case.base, lambda a, b: rate(a) / rate(b)
+            )
+            if per_round:
+                ratios.append(
+                    {
+                        "workload": case.workload,
+                        "against": other,
+                        "metric": "msgs/s",
+                        "ratio": median(per_round),
+                        "rounds": len(per_round),
+                    }
+                )
+            if case.mode == "pub1":
+                per_round = same_round(
+                    ok,
+                    case.workload,
+                    other,
+                    case.base,
+                    lambda a, b: a["latency_us"]["p50"] / b["latency_us"]["p50"],
+                )
+                if per_round:
+                    ratios.append(
+                        {
+                            "workload": case.workload,
+                            "against": other,
+                            "metric": "latency p50",
+                            "ratio": median(per_round),
+                            "rounds": len(per_round),
+                        }
+                    )
+    return {"rows": rows, "ratios": ratios, "targets": check_targets(rows, ratios)}
+
+
+def same_round(
+    runs: list[dict[str, Any]],
+    workload: str,
+    other: str,
+    base: str,
+    ratio: Callable[[dict[str, Any], dict[str, Any]], float],
+) -> list[float]:
+    mine = {r["round"]: r for r in runs if r["workload"] == workload and r["client"] == "smartnsq"}
+    theirs = {r["round"]: r for r in runs if r["workload"] == base and r["client"] == other}
+    return [ratio(mine[n], theirs[n]) for n in sorted(mine.keys() & theirs.keys())]
+
+
+def check_targets(rows: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    checked = []
+    for target in TARGETS:
+        value: float | None = None
+        if target.kind == "cpu":
+            for row in rows:
+                if row["workload"] == target.workload and row["client"] == "smartnsq":
+                    value = row.get("client_us_per_msg")
+        else:
+            metric = "latency p50" if target.kind == "latency" else "msgs/s"
+            for ratio in ratios:
+                if (ratio["workload"], ratio["against"], ratio["metric"]) == (
+                    target.workload,
+                    target.against,
+                    metric,
+                ):
+                    value = ratio["ratio"]
+        if value is None:
+            met = None
+        elif target.kind == "ratio":
+            met = value >= target.limit
+        else:
+            met = value <= target.limit
+        checked.append({"target": target.text, "value": value, "met": met, "kind": target.kind})
+    return checked
+
+
+def _num(value: float | None, spec: str, width: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}{spec}}"
+
+
+def report(summary: dict[str, Any], args: argparse.Namespace, env: dict[str, Any]) -> str:
+    lines = [
+        f"smartnsq {env['versions']['smartnsq']} / pynsq {env['versions']['pynsq']} / "
+        f"gnsq {env['versions']['gnsq']} (tornado {env['versions']['tornado']}, "
+        f"gevent {env['versions']['gevent']}); Python {env['python']}; {env['cpus']} cores",
+        f"cluster (embedded, fresh per run) pinned to core {args.cluster_cpu}, each client "
+        f"worker in its own process pinned to core {args.client_cpu}; 100-byte bodies; "
+        f"{args.rounds} round(s), order shuffled per round (seed {args.seed})",
+        f"messages per run: consume {args.consume:,} (pre-filled, max_in_flight 2500), pub1 "
+        f"{args.pub1:,}, pub100 {args.pub100:,} (100 publishers), mpub100 {args.mpub100:,} "
+        f"(batches of 100, {args.mpub_window} in flight); warm-up {args.warmup:,} (publish)",
+        "",
+        parallel_line(summary.get("parallel_cores") or []),
+        "msgs/s: median (min-max spread as +-% of it); CPU in µs per message: the client's "
+        "(of which in the kernel), the cluster's; other load: CPU other processes used while "
+        "measuring (% of one core)",
+        "",
+        f"{'workload':<17}{'client':<10}{'msgs/s':>10}{'+-%':>5}{'client µs/msg':>15}"
+        f"{'(sys)':>7}{'cluster µs/msg':>16}{'other load':>12}{'p50 µs':>9}{'p99 µs':>9}"
+        f"{'runs':>6}",
+    ]
+    for row in summary["rows"]:
+        other = row.get("other_load")
+        spread = None
+        if row.get("msgs_per_s"):
+            spread = 50 * (row["msgs_per_s_max"] - row["msgs_per_s_min"]) / row["msgs_per_s"]
+        lines.append(
+            f"{row['workload']:<17}{row['client']:<10}"
+            f"{_num(row.get('msgs_per_s'), ',.0f', 10)}{_num(spread, '.0f', 5)}"
+            f"{_num(row.get('client_us_per_msg'), '.2f', 15)}"
+            f"{_num(row.get('client_sys_us_per_msg'), '.1f', 7)}"
+            f"{_num(row.get('cluster_us_per_msg'), '.2f', 16)}"
+            f"{_num(None if other is None else 100 * other, '.0f', 11)}%"
+            f"{_num(row.get('p50_us'), '.0f', 9)}{_num(row.get('p99_us'), '.0f', 9)}"
+            f"{row['runs']:>6}" + (f"  ({row['failed']} failed)" if row["failed"] else "")
+        )
+    unpinned = summary.get("unpinned_runs", 0)
+    if unpinned:
+        lines.append(f"WARNING: {unpinned} run(s) did not run on the cores asked for (see JSON)")
+    lines += ["", "same-round ratios (median over rounds; latency: lower is better)"]
+    lines.append(f"{'smartnsq workload':<30}{'metric':<13}{'vs pynsq':>10}{'vs gnsq':>10}")
+    keys: list[tuple[str, str]] = []
+    for ratio in summary["ratios"]:
+        key = (ratio["workload"], ratio["metric"])
+        if key not in keys:
+            keys.append(key)
+    for workload, metric in keys:
+        values = {
+            r["against"]: r["ratio"]
+            for r in summary["ratios"]
+            if (r["workload"], r["metric"]) == (workload, metric)
+        }
+        label = workload + (f" (vs {BASES[workload]})" if workload in BASES else "")
+        lines.append(
+            f"{label:<30}{metric:<13}"
+            f"{_num(values.get('pynsq'), '.2f', 9)}x{_num(values.get('gnsq'), '.2f', 9)}x"
+        )
+    lines += ["", "targets"]
+    for target in summary["targets"]:
+        state = {True: "MET ", False: "MISS", None: "n/a "}[target["met"]]
+        unit = " µs/msg" if target["kind"] == "cpu" else "x"
+        value = "-" if target["value"] is None else f"{target['value']:.2f}{unit}"
+        lines.append(f"  [{state}] {target['target']}: {value}")
+    return "\n".join(lines)
+
+
+def parallel_line(probes: list[float]) -> str:
+    if not probes:
+        return "cores delivered: not probed"
+    low, mid, high = min(probes), median(probes) or 0.0, max(probes)
+    return (
+        f"cores delivered when both pinned cores are busy (probe per round): median {mid:.2f}"
+        f" (min {low:.2f}, max {high:.2f}); below 2, client and cluster slow each other down"
+    )
+
+
+def environment() -> dict[str, Any]:
+    versions = {}
+    for name in ("smartnsq", "pynsq", "gnsq", "tornado", "gevent"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "missing"
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "versions": versions,
+    }
+
+
+# --------------------------------------------------------------------------- main
+
+
+# messages per run (full, --quick), and the publishers' warm-up
+COUNTS = {
+    "consume": (200_000, 5_000),
+    "pub1": (20_000, 500),
+    "pub100": (150_000, 5_000),
+    "mpub100": (500_000, 10_000),
+    "warmup": (2_000, 200),
+}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="small counts, 1 round (smoke)")
+    parser.add_argument("--only", help=f"comma list of workloads: {','.join(WORKLOADS)}")
+    parser.add_argument("--clients", help=f"comma list of clients: {','.join(CLIENTS)}")
+    parser.add_argument("--json", type=Path, help="write runs and summary here")
+    for name, (full, quick) in COUNTS.items():
+        what = "publish: unmeasured first" if name == "warmup" else f"messages per {name} run"
+        parser.add_argument(
+            f"--{name}", type=int, help=f"{what} (default {full:,}; quick {quick:,})"
+        )
+    parser.add_argument("--mpub-window", type=int, default=1, help="MPUBs in flight")
+    parser.add_argument("--linger", type=float, default=0.002, help="pub100-batched linger (s)")
+    Conditions.add_arguments(parser)
+    parser.add_argument("--seed", type=int, help="shuffle seed (default: random)")
+    args = parser.parse_args(argv)
+    for name, (full, quick) in COUNTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+    if args.quick:
+        args.rounds = 1
+        args.quiet_patience = min(args.quiet_patience, 5.0)
+        args.retries = 0
+    if args.seed is None:
+        args.seed = random.randrange(1 << 30)
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
+    if args.mpub100 % 100:
+        parser.error("--mpub100 must be a multiple of 100")
+    only = set(WORKLOADS if not args.only else args.only.split(","))
+    unknown = only - set(WORKLOADS)
+    if unknown:
+        parser.error(f"--only: unknown workload(s) {sorted(unknown)}; known: {WORKLOADS}")
+    clients = set(CLIENTS if not args.clients else args.clients.split(","))
+    if clients - set(CLIENTS):
+        parser.error(f"--clients: unknown {sorted(clients - set(CLIENTS))}")
+    args.selected = [c for c in cases(args.linger) if c.workload in only and c.client in clients]
+    if not args.selected:
+        parser.error("nothing selected")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    exit_on_sigterm()
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    if {args.cluster_cpu, args.client_cpu} - cores:
+        print(
+            f"warning: cores {args.cluster_cpu}/{args.client_cpu} not all available",
+            file=sys.stderr,
+        )
+    pin(args.client_cpu)  # this process only waits while a worker measures
+    env = environment()
+
+    started = time.perf_counter()
+    runs, probes = run_all(args, args.selected)
+    summary = summarize(runs, args.selected)
+    summary["parallel_cores"] = probes
+    summary["unpinned_runs"] = sum(1 for r in runs if r.get("pinned") is False)
+    print(report(summary, args, env))
+    print(f"\n({len(runs)} runs in {time.perf_counter() - started:.0f} s)")
+    if args.json:
+        options = {k: v for k, v in vars(args).items() if k not in ("selected", "json")}
+        data = {"environment": env, "options": options, "runs": runs, "summary": summary}
+        args.json.write_text(json.dumps(data, indent=2) + "\n")
+    failed = sum(1 for r in runs if "error" in r)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""smartnsq Consumer benchmark: consume throughput from a pre-filled topic.
+
+Each round: a fresh ``smartnsq cluster`` pinned to core 0, the topic pre-filled with
+``--messages`` 100-byte messages by raw MPUB (no client code), then a worker process pinned
+to core 1 runs ``Consumer(topic, channel, handler=async fn, max_in_flight=2500)``; the
+handler only counts, returning finishes (FIN) each message. Measured from ``start()`` (lookup,
+connect, subscribe) to the handler's N-th call.
+
+Default: youzan, one topic of 4 partitions, through nsqlookupd; ``--classic``: classic nsqd.
+Prints medians over ``--rounds``: msgs/s and CPU seconds per 100k messages of the client and
+of the cluster. Aim (Consumer issue): >= 50,000 msgs/s.
+
+Usage: python bench/consumer.py [--classic] [--messages N] [--rounds R] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from _common import (
+    Aim,
+    Conditions,
+    Job,
+    describe,
+    exit_on_sigterm,
+    log,
+    measure,
+    parallel_cores,
+    print_table,
+    write_json,
+)
+
+AIMS = (Aim("consume", 50_000, "Consumer issue: >= 50,000 msgs/s"),)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--classic", action="store_true", help="classic nsqd (default youzan)")
+    parser.add_argument("--partitions", type=int, default=4, help="youzan partitions")
+    parser.add_argument("--messages", type=int, default=200_000, help="pre-filled, per round")
+    parser.add_argument("--max-in-flight", type=int, default=2500)
+    parser.add_argument("--rounds", type=int, default=3)
+    Conditions.add_arguments(parser)
+    parser.add_argument("--json", type=Path, help="write the runs and medians here")
+    args = parser.parse_args(argv)
+    exit_on_sigterm()
+    where = Conditions.from_args(args)
+    cores = [parallel_cores((args.cluster_cpu, args.client_cpu))]
+
+    runs: dict[str, list[dict[str, Any]]] = {"consume": []}
+    for round_ in range(1, args.rounds + 1):
+        job = Job(
+            "smartnsq",
+            "consume",
+            args.messages,
+            youzan=not args.classic,
+            partitions=args.partitions,
+            max_in_flight=args.max_in_flight,
+        )
+        result = measure(job, where, log)
+        result["round"] = round_
+        runs["consume"].append(result)
+        log(f"round {round_}: consume: {describe(result)}")
+
+    cores.append(parallel_cores((args.cluster_cpu, args.client_cpu)))
+    mode = "classic nsqd" if args.classic else f"youzan, {args.partitions} partitions"
+    print(
+        f"smartnsq Consumer, {mode}, max_in_flight {args.max_in_flight}, "
+        f"{args.messages:,} messages per round; cluster pinned to core {args.cluster_cpu}, "
+        f"consumer to core {args.client_cpu}; medians of {args.rounds} round(s)"
+    )
+    if None not in cores:
+        print(f"two busy pinned loops got {cores[0]:.2f} cores before, {cores[1]:.2f} after")
+    print_table(runs, AIMS)
+    if args.json:
+        write_json(args.json, vars(args), runs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""The benchmark harnesses still run: ``bench/producer.py`` and ``bench/consumer.py`` with tiny
+counts, and ``bench/compare.py`` for one workload when ``bench/.env`` (pynsq, gnsq) exists.
+
+No timing assertions: the benchmark is the judge, this only checks that it works. Each
+harness runs in its own session; whatever it started is gone when it returns, or is killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+BENCH_ENV_PYTHON = BENCH / ".env" / "bin" / "python"
+TIMEOUT = 45.0  # under the suite's 60 s per test
+# Tiny counts; never wait for a quiet machine, never run again.
+FAST = ["--quiet-patience=0", "--retries=0"]
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the harnesses read /proc and pin cores"
+)
+
+
+def run_harness(argv: list[str], timeout: float = TIMEOUT) -> str:
+    """Run a harness in a new session; kill the whole session if it overstays or leaks."""
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{argv[1]} still running after {timeout} s:\n{err[-3000:]}")
+    finally:
+        leaked = True
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            leaked = False
+        if leaked:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, f"{argv[1]} exited with {proc.returncode}:\n{err[-3000:]}"
+    assert not leaked, f"{argv[1]} left processes behind"
+    return out
+
+
+def test_producer_bench(tmp_path: Path) -> None:
+    result = tmp_path / "producer.json"
+    out = run_harness(
+        [
+            sys.executable,
+            str(BENCH / "producer.py"),
+            "--rounds=1",
+            "--messages=300",
+            "--sequential=100",
+            "--batched=1000",
+            "--warmup=50",
+            f"--json={result}",
+            *FAST,
+        ]
+    )
+    assert "pipelined" in out
+    summary = json.loads(result.read_text())["summary"]
+    assert set(summary) == {"sequential", "pipelined", "batched", "auto-batched"}
+    assert all(row["msgs_per_s"] > 0 for row in summary.values())
+
+
+def test_consumer_bench_classic(tmp_path: Path) -> None:
+    result = tmp_path / "consumer.json"
+    out = run_harness(
+        [
+            sys.executable,
+            str(BENCH / "consumer.py"),
+            "--classic",
+            "--rounds=1",
+            "--messages=2000",
+            f"--json={result}",
+            *FAST,
+        ]
+    )
+    assert "consume" in out
+    data = json.loads(result.read_text())
+    (run,) = data["runs"]["consume"]
+    assert run["messages"] == 2000
+    assert run["extra"]["finished"] >= 2000
+
+
+def _bench_env_ready() -> bool:
+    if not BENCH_ENV_PYTHON.exists():
+        return False
+    probe = [str(BENCH_ENV_PYTHON), "-c", "import nsq, gnsq, smartnsq"]
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=30, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def test_compare_one_workload(tmp_path: Path) -> None:
+    if not _bench_env_ready():
+        pytest.skip("no bench/.env with pynsq and gnsq (bench/compare creates it)")
+    result = tmp_path / "compare.json"
+    out = run_harness(
+        [
+            str(BENCH_ENV_PYTHON),
+            str(BENCH / "compare.py"),
+            "--quick",
+            "--only=pub100",
+            "--pub100=1000",
+            "--warmup=50",
+            f"--json={result}",
+            *FAST,
+        ]
+    )
+    assert "smartnsq/pynsq" in out or "vs pynsq" in out
+    rows = json.loads(result.read_text())["summary"]["rows"]
+    assert {row["client"] for row in rows} == {"smartnsq", "pynsq", "gnsq"}
+    assert all(row["runs"] == 1 for row in rows)
