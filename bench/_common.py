@@ -437,6 +437,7 @@ class Job:
     youzan: bool = False
     partitions: int = 4  # youzan only
     linger: float | None = None  # smartnsq auto-batching
+    max_batch: int = 50  # smartnsq auto-batching: about half the concurrent publishers
     warmup: int = 2000
     mpub_window: int = 1
     concurrency: int = 100
@@ -481,7 +482,7 @@ def run_fresh(
         if client_cpu is not None:
             argv.append(f"--cpu={client_cpu}")
         if job.linger is not None:
-            argv.append(f"--linger={job.linger}")
+            argv += [f"--linger={job.linger}", f"--max-batch={job.max_batch}"]
         limit = timeout if timeout is not None else 60.0 + job.messages / 1000
         return run_worker(job.client, job.mode, argv, timeout=limit, python=python)
 
@@ -686,6 +687,7 @@ def write_json(path: Path, options: dict[str, Any], runs: dict[str, list[dict[st
     }
     shown = {k: str(v) if isinstance(v, Path) else v for k, v in options.items()}
     data = {"options": shown, "summary": summary, "runs": runs}
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 

@@ -283,6 +283,7 @@ def main() -> None:
             }
             for row in rows
         ]
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"where": where, "rows": data}, indent=2) + "\n")
 
 

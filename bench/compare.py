@@ -65,6 +65,7 @@ class Case:
     mode: str  # worker workload: consume, pub1, pub100, mpub100
     youzan: bool = False
     linger: float | None = None
+    max_batch: int = 50
 
     @property
     def base(self) -> str:
@@ -84,11 +85,11 @@ WORKLOADS = (
 )
 
 
-def cases(linger: float) -> list[Case]:
+def cases(linger: float, max_batch: int) -> list[Case]:
     found = []
     for mode in ("consume", "pub1", "pub100", "mpub100"):
         found += [Case(mode, client, mode) for client in CLIENTS]
-    found.append(Case("pub100-batched", "smartnsq", "pub100", linger=linger))
+    found.append(Case("pub100-batched", "smartnsq", "pub100", linger=linger, max_batch=max_batch))
     found.append(Case("consume-youzan4", "smartnsq", "consume", youzan=True))
     found.append(Case("pub100-youzan4", "smartnsq", "pub100", youzan=True))
     return found
@@ -132,6 +133,7 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
         youzan=case.youzan,
         partitions=YOUZAN_PARTITIONS,
         linger=case.linger,
+        max_batch=case.max_batch,
         warmup=args.warmup,
         mpub_window=args.mpub_window,
     )
@@ -293,7 +295,8 @@ def report(summary: dict[str, Any], args: argparse.Namespace, env: dict[str, Any
         f"{args.rounds} round(s), order shuffled per round (seed {args.seed})",
         f"messages per run: consume {args.consume:,} (pre-filled, max_in_flight 2500), pub1 "
         f"{args.pub1:,}, pub100 {args.pub100:,} (100 publishers), mpub100 {args.mpub100:,} "
-        f"(batches of 100, {args.mpub_window} in flight); warm-up {args.warmup:,} (publish)",
+        f"(batches of 100, {args.mpub_window} in flight); warm-up {args.warmup:,} (publish); "
+        f"pub100-batched: Producer(linger={args.linger}, max_batch={args.max_batch})",
         "",
         parallel_line(summary.get("parallel_cores") or []),
         "msgs/s: median (min-max spread as +-% of it); CPU in µs per message: the client's "
@@ -403,6 +406,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         )
     parser.add_argument("--mpub-window", type=int, default=1, help="MPUBs in flight")
     parser.add_argument("--linger", type=float, default=0.002, help="pub100-batched linger (s)")
+    parser.add_argument(
+        "--max-batch", type=int, default=50, help="pub100-batched: Producer(max_batch=...)"
+    )
     Conditions.add_arguments(parser)
     parser.add_argument("--seed", type=int, help="shuffle seed (default: random)")
     args = parser.parse_args(argv)
@@ -426,7 +432,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     clients = set(CLIENTS if not args.clients else args.clients.split(","))
     if clients - set(CLIENTS):
         parser.error(f"--clients: unknown {sorted(clients - set(CLIENTS))}")
-    args.selected = [c for c in cases(args.linger) if c.workload in only and c.client in clients]
+    args.selected = [
+        c for c in cases(args.linger, args.max_batch) if c.workload in only and c.client in clients
+    ]
     if not args.selected:
         parser.error("nothing selected")
     return args
@@ -454,6 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         options = {k: v for k, v in vars(args).items() if k not in ("selected", "json")}
         data = {"environment": env, "options": options, "runs": runs, "summary": summary}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(data, indent=2) + "\n")
     failed = sum(1 for r in runs if "error" in r)
     return 1 if failed else 0

@@ -59,6 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2000)
     parser.add_argument("--mpub-window", type=int, default=1, help="batches in flight")
     parser.add_argument("--linger", type=float, default=0.002, help="auto-batched linger (s)")
+    parser.add_argument("--max-batch", type=int, default=50, help="auto-batched max_batch")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", help=f"comma list of: {','.join(WORKLOADS)}")
     Conditions.add_arguments(parser)
@@ -87,6 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 youzan=not args.classic,
                 partitions=args.partitions,
                 linger=args.linger if linger else None,
+                max_batch=args.max_batch,
                 warmup=args.warmup,
                 mpub_window=args.mpub_window,
             )

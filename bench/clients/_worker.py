@@ -178,6 +178,7 @@ def parse_args(client: str, workloads: tuple[str, ...], argv: list[str] | None =
     parser.add_argument("--mpub-window", type=int, default=1, help="mpub100: MPUBs in flight")
     parser.add_argument("--max-in-flight", type=int, default=2500, help="consume")
     parser.add_argument("--linger", type=float, help="smartnsq: auto-batching linger (s)")
+    parser.add_argument("--max-batch", type=int, default=100, help="smartnsq: auto-batch size")
     parser.add_argument("--cluster-pid", type=int, help="read this process's CPU too")
     parser.add_argument("--cpu", type=int, help="pin this worker to this core")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up after (s)")

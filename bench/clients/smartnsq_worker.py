@@ -86,7 +86,8 @@ async def _concurrent(publish: Callable[[], Awaitable[Any]], count: int, workers
 
 async def publish(args: Any, result: Result) -> None:
     linger = args.linger if args.workload == "pub100" else None
-    producer = Producer(**_targets(args), linger=linger, max_batch=args.batch)
+    max_batch = args.max_batch if linger is not None else args.batch
+    producer = Producer(**_targets(args), linger=linger, max_batch=max_batch)
     topic = args.topic
     batch = [BODY] * args.batch
 
@@ -122,6 +123,7 @@ async def publish(args: Any, result: Result) -> None:
     result.latency_us = percentiles(latencies)
     if linger is not None:
         result.extra["linger"] = linger
+        result.extra["max_batch"] = max_batch
 
 
 def main() -> int:

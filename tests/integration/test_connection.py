@@ -15,7 +15,7 @@ from smartnsq.protocol.message import MessageFrame
 from smartnsq.protocol.responses import CLOSE_WAIT, OK
 from smartnsq.testing import Cluster
 from smartnsq.testing.tls import self_signed_contexts
-from smartnsq.transport.connection import Connection, ConnectionConfig
+from smartnsq.transport.connection import FLUSH_AT, Connection, ConnectionConfig
 
 
 async def _open(address: str, **config: object) -> Connection:
@@ -132,6 +132,34 @@ async def test_pipelining_keeps_order(single: Cluster) -> None:
     futures = [conn.request_future(c.pub("t", b, 0), "PUB") for b in bodies]
     assert await asyncio.gather(*futures) == [OK] * len(bodies)
     assert [r.body for r in single.messages("t")] == bodies
+    await conn.close()
+
+
+async def test_a_burst_of_requests_leaves_in_chunks_of_flush_at(single: Cluster) -> None:
+    """Writes start before the burst is fully queued (nsqd works while the client encodes);
+    small writes of one loop iteration still leave together."""
+    conn = await _open(single.nsqd_addresses[0])
+    transport = conn._transport
+    assert transport is not None
+    writes: list[int] = []
+    write = transport.write
+
+    def spy(data: bytes | bytearray | memoryview) -> None:
+        writes.append(len(data))
+        write(data)
+
+    transport.write = spy  # type: ignore[method-assign]
+    frame = c.pub("t", b"x" * 100, 0)
+    futures = [conn.request_future(frame, "PUB") for _ in range(100)]
+    queued = len(writes)  # written before this coroutine yielded once
+    assert await asyncio.gather(*futures) == [OK] * 100
+    assert queued == 100 * len(frame) // FLUSH_AT
+    assert all(size >= FLUSH_AT for size in writes[:queued])
+    assert sum(writes) == 100 * len(frame)
+    small = [conn.request_future(c.pub("t", b"y", 0), "PUB") for _ in range(10)]
+    assert len(writes) == queued + 1  # the burst's tail left at its iteration end; these wait
+    await asyncio.gather(*small)
+    assert len(writes) == queued + 2  # ten small PUBs, one write
     await conn.close()
 
 
