@@ -295,7 +295,7 @@ class Connection(ReusableReadBuffer):
             extend_support=self.extend_support, desired_tag=self.desired_tag
         )
         identify = self._request_nowait(commands.MAGIC_V2 + request.encode(), "IDENTIFY", hold=True)
-        self._flush()
+        self._write_out()
         answer = await identify
         response = IdentifyResponse.decode(answer)
         self.identify = response
@@ -405,7 +405,7 @@ class Connection(ReusableReadBuffer):
         finally:
             self._in_read = False
             if self._wbuf:
-                self._flush()
+                self._write_out()
 
     def eof_received(self) -> bool | None:
         return None  # close the transport
@@ -482,20 +482,30 @@ class Connection(ReusableReadBuffer):
     # ------------------------------------------------------------------ writing
 
     def send(self, data: bytes) -> None:
-        """Queue bytes for nsqd; they leave with everything else written in this loop
-        iteration (or at the end of the current read), or once FLUSH_AT bytes are queued."""
+        """Send bytes to nsqd: at once on an idle connection; otherwise with everything else
+        written in this loop iteration (or at the end of the current read), or once FLUSH_AT
+        bytes are queued."""
         if self._closed:
             raise ConnectionClosedError("connection is closed", self.address)
-        wbuf = self._wbuf
-        wbuf.append(data)
+        self._wbuf.append(data)
         self._wsize += len(data)
-        if self._wsize >= FLUSH_AT and not self._in_read:
-            self._flush()
-        elif not self._in_read and self._flush_handle is None and self._loop is not None:
-            self._flush_handle = self._loop.call_soon(self._flush)
+        if self._in_read:
+            return  # leaves with the answers to this read, at its end
+        if self._flush_handle is None:
+            # The first write of this loop iteration leaves now (on an idle connection: a loop
+            # iteration less per round trip, sequential PUB p50 113 -> 106 µs); the rest of
+            # the iteration's writes are coalesced behind it.
+            self._write_out()
+            if self._loop is not None:
+                self._flush_handle = self._loop.call_soon(self._flush)
+        elif self._wsize >= FLUSH_AT:
+            self._write_out()
 
     def _flush(self) -> None:
         self._flush_handle = None
+        self._write_out()
+
+    def _write_out(self) -> None:
         buf = self._wbuf
         transport = self._transport
         if not buf or transport is None or self._closed:
@@ -606,7 +616,7 @@ class Connection(ReusableReadBuffer):
         if self._close_exc is None:
             self._close_exc = ConnectionClosedError("connection closed by the client", self.address)
         if self._wbuf:
-            self._flush()
+            self._write_out()
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.close()

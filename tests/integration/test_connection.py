@@ -137,7 +137,7 @@ async def test_pipelining_keeps_order(single: Cluster) -> None:
 
 async def test_a_burst_of_requests_leaves_in_chunks_of_flush_at(single: Cluster) -> None:
     """Writes start before the burst is fully queued (nsqd works while the client encodes);
-    small writes of one loop iteration still leave together."""
+    the small writes of one loop iteration still leave together."""
     conn = await _open(single.nsqd_addresses[0])
     transport = conn._transport
     assert transport is not None
@@ -153,13 +153,16 @@ async def test_a_burst_of_requests_leaves_in_chunks_of_flush_at(single: Cluster)
     futures = [conn.request_future(frame, "PUB") for _ in range(100)]
     queued = len(writes)  # written before this coroutine yielded once
     assert await asyncio.gather(*futures) == [OK] * 100
-    assert queued == 100 * len(frame) // FLUSH_AT
-    assert all(size >= FLUSH_AT for size in writes[:queued])
+    # the first request leaves at once (the connection was idle), then every FLUSH_AT bytes
+    assert writes[0] == len(frame)
+    assert queued == 1 + 99 * len(frame) // FLUSH_AT
+    assert all(size >= FLUSH_AT for size in writes[1:queued])
     assert sum(writes) == 100 * len(frame)
+    before = len(writes)
     small = [conn.request_future(c.pub("t", b"y", 0), "PUB") for _ in range(10)]
-    assert len(writes) == queued + 1  # the burst's tail left at its iteration end; these wait
+    assert len(writes) == before + 1  # the first at once, the other nine wait
     await asyncio.gather(*small)
-    assert len(writes) == queued + 2  # ten small PUBs, one write
+    assert len(writes) == before + 2  # and leave together
     await conn.close()
 
 
