@@ -194,18 +194,21 @@ def split_mpub(body: bytes, max_msg_size: int, max_body_size: int = MAX_BODY_SIZ
     if count <= 0 or count > (max_body_size - 4) // 5:
         raise MpubFormatError("count", f"MPUB invalid message count {count}")
     out: list[bytes] = []
+    append = out.append
+    end = len(body)
     pos = 4
     for _ in range(count):
-        if len(body) < pos + 4:
+        if end < pos + 4:
             raise MpubFormatError("message", "MPUB failed to read message body size")
         (size,) = _unpack_i32(body, pos)
         pos += 4
         if size <= 0 or size > max_msg_size:
             raise MpubFormatError("message", f"MPUB message too big {size} > {max_msg_size}")
-        if len(body) < pos + size:
+        stop = pos + size
+        if end < stop:
             raise MpubFormatError("message", "MPUB failed to read message body")
-        out.append(body[pos : pos + size])
-        pos += size
+        append(body[pos:stop])
+        pos = stop
     return out
 
 

@@ -86,19 +86,27 @@ def check_body(body: object, max_size: int = MAX_MSG_SIZE, field: str = "body") 
     return data
 
 
+_ONLY_BYTES = {bytes}
+
+
 def check_bodies(
     bodies: object, max_msg_size: int = MAX_MSG_SIZE, max_body_size: int = MAX_BODY_SIZE
 ) -> list[bytes]:
     """Validate an MPUB batch: 1.. messages, each valid, whole frame within max_body_size."""
     if isinstance(bodies, (bytes, bytearray, memoryview, str)) or not hasattr(bodies, "__iter__"):
         raise ValidationError("bodies", "must be a sequence of bodies")
-    out = [check_body(b, max_msg_size, field=f"bodies[{i}]") for i, b in enumerate(bodies)]
+    out = list(bodies)
     if not out:
         raise ValidationError("bodies", "must contain at least one body")
+    sizes = list(map(len, out)) if set(map(type, out)) == _ONLY_BYTES else None
+    if sizes is None or min(sizes) == 0 or max(sizes) > max_msg_size:
+        # the slow path names the first offending body
+        out = [check_body(b, max_msg_size, field=f"bodies[{i}]") for i, b in enumerate(out)]
+        sizes = list(map(len, out))
     max_count = (max_body_size - 4) // 5
     if len(out) > max_count:
         raise ValidationError("bodies", f"{len(out)} messages, over the maximum of {max_count}")
-    total = 4 + sum(4 + len(b) for b in out)
+    total = 4 + 4 * len(out) + sum(sizes)
     if total > max_body_size:
         raise ValidationError(
             "bodies", f"batch is {total} bytes on the wire, over the maximum of {max_body_size}"

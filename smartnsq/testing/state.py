@@ -222,23 +222,25 @@ class PartitionLog:
             sequence = self._sequence
             classic = self.classic
             high = (self.partition or 0) << PARTITION_ID_SHIFT
-            clock = time.time
-            time_ns = time.time_ns
+            # one clock reading per batch: nsqd stamps an MPUB's messages within microseconds
+            now_ns = time.time_ns()
+            millis = (now_ns // 1_000_000) << 22
+            append = records.append
             for body in bodies:
                 if classic:
-                    internal_id = (int(clock() * 1000) << 22) | (next(sequence) & 0x3FFFFF)
+                    internal_id = millis | (next(sequence) & 0x3FFFFF)
                     message_id = b"%016x" % (internal_id & 0xFFFFFFFFFFFFFFFF)
                 else:
                     internal_id = high | next(sequence)
                     message_id = _pack_ids(internal_id, 0)
                 raw_size = _DISK_HEADER + len(body)
-                records.append(
+                append(
                     Record(
                         index,
                         message_id,
                         internal_id,
                         0,
-                        time_ns(),
+                        now_ns,
                         body,
                         None,
                         b"",

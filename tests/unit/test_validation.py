@@ -32,6 +32,9 @@ ID = bytes(16)
         ("bodies", lambda: c.mpub("t", [])),
         ("bodies", lambda: c.mpub("t", b"abc")),
         ("bodies[1]", lambda: c.mpub("t", [b"a", b""])),
+        ("bodies[2]", lambda: c.mpub("t", [b"a", "b", 7])),  # type: ignore[list-item]
+        ("bodies[1]", lambda: c.mpub("t", [b"a", b"x" * (MAX_MSG_SIZE + 1)])),
+        ("bodies[0]", lambda: c.mpub("t", [bytearray()])),
         ("bodies", lambda: c.mpub("t", [b"x" * MAX_MSG_SIZE] * 5)),
         ("trace_id", lambda: c.pub_trace("t", b"x", -1, 0)),
         ("trace_id", lambda: c.pub_trace("t", b"x", 2**64, 0)),
@@ -92,6 +95,11 @@ def test_valid_edge_values() -> None:
     assert c.pub_trace("t", b"x", 2**64 - 1, 0)
     assert c.pub_ext("t", b"x", {"##trace_id": str(2**64 - 1)}, 0)
     assert c.pub("t", bytearray(b"ab")) == c.pub("t", memoryview(b"ab"))
+    mixed = c.mpub("t", [b"ab", "é", bytearray(b"c"), memoryview(b"d")])
+    assert mixed == c.mpub("t", [b"ab", "é".encode(), b"c", b"d"])
+    assert mixed.endswith(
+        b"\x00\x00\x00\x02ab\x00\x00\x00\x02\xc3\xa9\x00\x00\x00\x01c\x00\x00\x00\x01d"
+    )
     assert c.sub_advanced("t", "c", 0, c.StartPosition.end()).endswith(b" special:-1\n")
     assert c.sub_advanced("t", "c", 0, c.StartPosition.timestamp(1700000000)).endswith(
         b" timestamp:1700000000\n"
