@@ -370,6 +370,22 @@ class Producer:
         """
         check_topic(topic)
         data = check_body(body, self.max_msg_size)
+        batcher = self._batcher
+        if (
+            batcher is not None
+            and partition is None
+            and sharding_key is None
+            and trace_id is None
+            and ext is None
+            and delay is None
+            and timeout is None
+            and self._state == "started"
+            and not self.tracing(topic)
+        ):
+            # The common auto-batched publish, without the per-request bookkeeping: the
+            # batch is the request (see _batched for every other case).
+            result: PublishResult = await batcher.add((topic, "any"), data, None, ordered=False)
+            return result
         request = _Publish(topic, "PUB", [data])
         self._common_args(request, partition, sharding_key)
         if trace_id is not None:
