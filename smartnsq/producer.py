@@ -240,6 +240,7 @@ class Producer:
         )
         self._rr: dict[str, itertools.count[int]] = {}
         self._ok_results: dict[tuple[str, int | None, str], PublishResult] = {}
+        self._pub_heads: dict[tuple[str, int | None], bytes] = {}
         self._tables: dict[str, _RouteTable] = {}
         self._direct_routes = _classic_routes(self._nsqd)
         self._trace_default = bool(trace)
@@ -820,7 +821,13 @@ class Producer:
         command = request.command
         limits = {"max_msg_size": self.max_msg_size}
         if command == "PUB":
-            return commands.pub(topic, bodies[0], partition, **limits)
+            # the body was checked by publish(); the head is the same for every PUB here
+            head = self._pub_heads.get((topic, partition))
+            if head is None:
+                head = commands.pub_head(topic, partition)
+                if len(self._pub_heads) < 4096:
+                    self._pub_heads[(topic, partition)] = head
+            return commands.pub_with_head(head, bodies[0])
         if command == "PUB_TRACE" and request.trace_ids is not None:
             return commands.pub_trace(topic, bodies[0], request.trace_ids[0], partition, **limits)
         if command == "PUB_EXT" and request.exts is not None:

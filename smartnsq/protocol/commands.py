@@ -51,7 +51,9 @@ __all__ = [
     "nop",
     "pub",
     "pub_ext",
+    "pub_head",
     "pub_trace",
+    "pub_with_head",
     "rdy",
     "req",
     "sub",
@@ -184,8 +186,18 @@ def pub(
 ) -> bytes:
     """``PUB <topic>[ <partition>]\\n[size][body]``."""
     data = check_body(body, max_msg_size)
-    head = b"PUB " + check_topic(topic).encode() + _partition_suffix(partition)
-    return b"".join((head, _pack_u32(len(data)), data))
+    return pub_with_head(pub_head(topic, partition), data)
+
+
+def pub_head(topic: str, partition: int | None = None) -> bytes:
+    """``PUB <topic>[ <partition>]\\n``, validated: a producer keeps it per destination and
+    frames each checked body with :func:`pub_with_head`."""
+    return b"PUB " + check_topic(topic).encode() + _partition_suffix(partition)
+
+
+def pub_with_head(head: bytes, body: bytes) -> bytes:
+    """A PUB from :func:`pub_head` and a body already checked by ``check_body``."""
+    return b"".join((head, _pack_u32(len(body)), body))
 
 
 def _mpub_frame(head: bytes, elements: Sequence[bytes], max_body_size: int) -> bytes:

@@ -120,3 +120,12 @@ def test_batch_at_the_limit() -> None:
 def test_ext_mapping_is_compact_json() -> None:
     cmd = c.pub_ext("t", b"body", {"a": "1", "##trace_id": "7"}, 2)
     assert cmd == b'PUB_EXT t 2\n\x00\x00\x00\x20\x00\x1a{"a":"1","##trace_id":"7"}body'
+
+
+def test_pub_from_a_kept_head_is_the_same_frame() -> None:
+    head = c.pub_head("t", 3)
+    assert head == b"PUB t 3\n"
+    assert c.pub_with_head(head, b"body") == c.pub("t", b"body", 3)
+    assert c.pub_with_head(c.pub_head("t"), b"x") == c.pub("t", b"x")
+    with pytest.raises(ValidationError, match="topic"):
+        c.pub_head("bad topic")
