@@ -36,7 +36,6 @@ from smartnsq.protocol.server import (
 )
 from smartnsq.protocol.validation import UINT64_MAX
 from smartnsq.testing.state import Channel, Delivery, Partition, PartitionLog, Topic
-from smartnsq.transport.reading import ReusableReadBuffer
 
 if TYPE_CHECKING:
     from smartnsq.testing.cluster import Cluster
@@ -47,6 +46,7 @@ log = logging.getLogger("smartnsq.testing.nsqd")
 
 YOUZAN_VERSION = "0.3.7-HA.1.13.0"
 CLASSIC_VERSION = "1.3.0"
+_READ_SIZE = 64 * 1024
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 _OK_FRAME = encode_response(OK)  # the answer to nearly every PUB
 # The head of a message frame: size, frame type, timestamp, attempts.
@@ -199,7 +199,7 @@ class NsqdNode:
                 session.close_after_flush()
 
 
-class ClientSession(ReusableReadBuffer):
+class ClientSession(asyncio.BufferedProtocol):
     """One client connection to an emulated nsqd."""
 
     def __init__(self, node: NsqdNode) -> None:
@@ -213,6 +213,7 @@ class ClientSession(ReusableReadBuffer):
         )
         self.transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
+        self._inbox = bytearray(_READ_SIZE)
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._codec: StreamCodec | None = None
@@ -262,10 +263,17 @@ class ClientSession(ReusableReadBuffer):
             self.cluster.client_left(channel)
         self.cluster.changed()
 
-    def data_received(self, data: memoryview) -> None:
+    # Reads land in one buffer per session (recv_into), not in a fresh 256 KiB bytes object
+    # per read, whose cost swings with the allocator's state. Written here rather than
+    # shared with the client's transport: the emulator uses nothing of the client's.
+
+    def get_buffer(self, sizehint: int) -> bytearray:
+        return self._inbox
+
+    def buffer_updated(self, nbytes: int) -> None:
         self._last_read = time.monotonic()
         try:
-            self.parser.feed(data)
+            self.parser.feed(memoryview(self._inbox)[:nbytes])
         except ProtocolError:
             self.abort()
             return

@@ -1,5 +1,6 @@
 """The project's own contract: the README's set-up commands and CI stay in step."""
 
+import ast
 import re
 from pathlib import Path
 
@@ -28,3 +29,27 @@ def test_ci_runs_the_readme_test_command() -> None:
 
 def test_package_is_typed() -> None:
     assert (ROOT / "smartnsq" / "py.typed").exists()
+
+
+def _imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+def test_the_embedded_cluster_uses_nothing_of_the_client() -> None:
+    """The emulator stands on the protocol floor only, so a client bug cannot be mirrored
+    by the server it is tested against; and the protocol floor does no I/O."""
+    client = ("smartnsq.transport", "smartnsq.producer", "smartnsq.consumer", "smartnsq.flow")
+    client += ("smartnsq.routing", "smartnsq.batching", "smartnsq.sync", "smartnsq.retry")
+    for path in sorted((ROOT / "smartnsq" / "testing").glob("*.py")):
+        leaks = {m for m in _imported_modules(path) if m.startswith(client)}
+        assert not leaks, f"{path.name} imports {leaks}"
+    for path in sorted((ROOT / "smartnsq" / "protocol").glob("*.py")):
+        io = {m for m in _imported_modules(path) if m.split(".")[0] in ("asyncio", "socket")}
+        assert not io, f"{path.name} imports {io}"
