@@ -670,6 +670,33 @@ def print_table(runs: dict[str, list[dict[str, Any]]], aims: Sequence[Aim] = ())
         print(f"  [{state}] {aim.text}: {value:,.0f} msgs/s")
 
 
+def measure_round(
+    job: Job, where: Conditions, runs: dict[str, list[dict[str, Any]]], name: str, round_: int
+) -> None:
+    """Run one job of a round (see measure), keep its result under ``name`` and log it."""
+    result = measure(job, where, log)
+    result["round"] = round_
+    runs[name].append(result)
+    log(f"round {round_}: {name}: {describe(result)}")
+
+
+def report(
+    header: str,
+    runs: dict[str, list[dict[str, Any]]],
+    aims: Sequence[Aim],
+    cores: Sequence[float | None],
+    args: Any,
+) -> None:
+    """What bench/producer.py and bench/consumer.py print at the end: the header, how many
+    cores two busy pinned loops got before and after the runs, the table, the JSON file."""
+    print(header)
+    if None not in cores:
+        print(f"two busy pinned loops got {cores[0]:.2f} cores before, {cores[-1]:.2f} after")
+    print_table(runs, aims)
+    if args.json:
+        write_json(args.json, vars(args), runs)
+
+
 def _fmt(value: float | None, spec: str, width: int) -> str:
     return f"{'-':>{width}}" if value is None else f"{value:>{width}{spec}}"
 

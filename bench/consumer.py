@@ -25,13 +25,10 @@ from _common import (
     Aim,
     Conditions,
     Job,
-    describe,
     exit_on_sigterm,
-    log,
-    measure,
+    measure_round,
     parallel_cores,
-    print_table,
-    write_json,
+    report,
 )
 
 AIMS = (Aim("consume", 50_000, "Consumer issue: >= 50,000 msgs/s"),)
@@ -61,23 +58,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             partitions=args.partitions,
             max_in_flight=args.max_in_flight,
         )
-        result = measure(job, where, log)
-        result["round"] = round_
-        runs["consume"].append(result)
-        log(f"round {round_}: consume: {describe(result)}")
+        measure_round(job, where, runs, "consume", round_)
 
     cores.append(parallel_cores((args.cluster_cpu, args.client_cpu)))
     mode = "classic nsqd" if args.classic else f"youzan, {args.partitions} partitions"
-    print(
+    header = (
         f"smartnsq Consumer, {mode}, max_in_flight {args.max_in_flight}, "
         f"{args.messages:,} messages per round; cluster pinned to core {args.cluster_cpu}, "
         f"consumer to core {args.client_cpu}; medians of {args.rounds} round(s)"
     )
-    if None not in cores:
-        print(f"two busy pinned loops got {cores[0]:.2f} cores before, {cores[1]:.2f} after")
-    print_table(runs, AIMS)
-    if args.json:
-        write_json(args.json, vars(args), runs)
+    report(header, runs, AIMS, cores, args)
     return 0
 
 

@@ -28,13 +28,10 @@ from _common import (
     Aim,
     Conditions,
     Job,
-    describe,
     exit_on_sigterm,
-    log,
-    measure,
+    measure_round,
     parallel_cores,
-    print_table,
-    write_json,
+    report,
 )
 
 WORKLOADS = {
@@ -92,22 +89,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 warmup=args.warmup,
                 mpub_window=args.mpub_window,
             )
-            result = measure(job, where, log)
-            result["round"] = round_
-            runs[name].append(result)
-            log(f"round {round_}: {name}: {describe(result)}")
+            measure_round(job, where, runs, name, round_)
 
     cores.append(parallel_cores((args.cluster_cpu, args.client_cpu)))
     mode = "classic nsqd" if args.classic else f"youzan, {args.partitions} partitions"
-    print(
+    header = (
         f"smartnsq Producer, {mode}; cluster pinned to core {args.cluster_cpu}, producer to "
         f"core {args.client_cpu}; 100-byte bodies; medians of {args.rounds} round(s)"
     )
-    if None not in cores:
-        print(f"two busy pinned loops got {cores[0]:.2f} cores before, {cores[1]:.2f} after")
-    print_table(runs, AIMS)
-    if args.json:
-        write_json(args.json, vars(args), runs)
+    report(header, runs, AIMS, cores, args)
     return 0
 
 

@@ -191,6 +191,14 @@ def parse_args(client: str, workloads: tuple[str, ...], argv: list[str] | None =
     return args
 
 
+def refuse_unsupported(args: Any, client: str, publisher: str) -> None:
+    """pynsq and gnsq: no auto-batching, and their publishers take nsqd addresses only."""
+    if args.linger is not None:
+        raise SystemExit(f"{client} has no auto-batching (--linger)")
+    if args.workload != "consume" and not args.nsqd:
+        raise SystemExit(f"{client}'s {publisher} needs --nsqd")
+
+
 def emit(result: Result) -> None:
     """The result as the last line of stdout."""
     sys.stdout.write(json.dumps(asdict(result)) + "\n")

@@ -28,6 +28,7 @@ from _worker import (
     emit,
     parse_args,
     percentiles,
+    refuse_unsupported,
 )
 from gevent.event import Event
 
@@ -123,10 +124,7 @@ def publish(args: Any, result: Result) -> None:
 
 def main() -> int:
     args = parse_args("gnsq", CONSUME_WORKLOADS + PUBLISH_WORKLOADS)
-    if args.linger is not None:
-        raise SystemExit("gnsq has no auto-batching (--linger)")
-    if args.workload != "consume" and not args.nsqd:
-        raise SystemExit("gnsq's Producer needs --nsqd")
+    refuse_unsupported(args, "gnsq", "Producer")
     result = Result("gnsq", gnsq.__version__, args.workload)
     (consume if args.workload == "consume" else publish)(args, result)
     emit(result)

@@ -31,6 +31,7 @@ from _worker import (
     emit,
     parse_args,
     percentiles,
+    refuse_unsupported,
 )
 from nsq.version import __version__
 
@@ -181,10 +182,7 @@ def publish(args: Any, result: Result) -> None:
 
 def main() -> int:
     args = parse_args("pynsq", CONSUME_WORKLOADS + PUBLISH_WORKLOADS)
-    if args.linger is not None:
-        raise SystemExit("pynsq has no auto-batching (--linger)")
-    if args.workload != "consume" and not args.nsqd:
-        raise SystemExit("pynsq's Writer needs --nsqd")
+    refuse_unsupported(args, "pynsq", "Writer")
     result = Result("pynsq", __version__, args.workload)
     (consume if args.workload == "consume" else publish)(args, result)
     emit(result)
