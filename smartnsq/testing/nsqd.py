@@ -213,7 +213,7 @@ class ClientSession(asyncio.BufferedProtocol):
         )
         self.transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
-        self._inbox = bytearray(_READ_SIZE)
+        self._inbox = memoryview(bytearray(_READ_SIZE))
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._codec: StreamCodec | None = None
@@ -265,15 +265,17 @@ class ClientSession(asyncio.BufferedProtocol):
 
     # Reads land in one buffer per session (recv_into), not in a fresh 256 KiB bytes object
     # per read, whose cost swings with the allocator's state. Written here rather than
-    # shared with the client's transport: the emulator uses nothing of the client's.
+    # shared with the client's transport: the emulator uses nothing of the client's. A
+    # memoryview, not the bytearray: asyncio's TLS reader fills it through slices, and a
+    # slice of a bytearray is a copy (the records after the first one would be lost).
 
-    def get_buffer(self, sizehint: int) -> bytearray:
+    def get_buffer(self, sizehint: int) -> memoryview:
         return self._inbox
 
     def buffer_updated(self, nbytes: int) -> None:
         self._last_read = time.monotonic()
         try:
-            self.parser.feed(memoryview(self._inbox)[:nbytes])
+            self.parser.feed(self._inbox[:nbytes])
         except ProtocolError:
             self.abort()
             return

@@ -4,6 +4,7 @@ heartbeats, timeouts and closing."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -100,6 +101,22 @@ async def test_tls_then_snappy(tmp_path: Path) -> None:
         assert [m.body for m in await _consume(consumer, 1)] == [b"secret"]
         await conn.close()
         await consumer.close()
+
+
+async def test_the_embedded_nsqd_reads_large_commands_over_tls(tmp_path: Path) -> None:
+    # One read then holds several TLS records; asyncio's TLS reader fills the server's
+    # buffer through slices, which must not be copies.
+    server_ctx, client_ctx = self_signed_contexts(tmp_path)
+    async with Cluster(nodes=1, tls_context=server_ctx) as cluster:
+        await cluster.create_topic("t", 1, 1, channels=["c"])
+        conn = await _open(cluster.nsqd_addresses[0], tls=client_ctx)
+        bodies = [os.urandom(100_000) for _ in range(5)]
+        answers = await asyncio.wait_for(
+            asyncio.gather(*(conn.request(c.pub("t", b, 0), "PUB") for b in bodies)), 10
+        )
+        assert answers == [OK] * len(bodies)
+        assert [r.body for r in cluster.messages("t")] == bodies
+        await conn.close()
 
 
 async def test_tls_required_refuses_plain_clients(tmp_path: Path) -> None:
