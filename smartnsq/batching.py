@@ -23,6 +23,7 @@ log = logging.getLogger("smartnsq.producer")
 # MPUB frame: [size][count] then [size][body] per message.
 _FRAME_OVERHEAD = 8
 _PER_MESSAGE = 4
+_TRACE_ID = 8
 # Batches of the unkeyed lane in flight at once: enough to keep nsqd and the client busy
 # together, and to spread over the partitions of a youzan topic.
 UNORDERED_IN_FLIGHT = 8
@@ -61,6 +62,7 @@ class Batcher:
         self.max_bytes = max_bytes
         self._lanes: dict[Hashable, _Lane] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closed: BaseException | None = None  # what late callers get once closed
         self.batches_sent = 0
 
     def add(
@@ -69,11 +71,16 @@ class Batcher:
         """Queue one message; the future gets its result. ``ordered`` (fixed by the lane's
         first message): one batch of the lane in flight at a time."""
         loop = asyncio.get_running_loop()
+        if self._closed is not None:
+            refused: asyncio.Future[Any] = loop.create_future()
+            refused.set_exception(self._closed)
+            return refused
         lane = self._lanes.get(key)
         if lane is None:
             lane = self._lanes[key] = _Lane(1 if ordered else UNORDERED_IN_FLIGHT)
         batch = lane.filling
-        needed = _PER_MESSAGE + len(body)
+        # MPUB_TRACE carries an 8-byte trace id per message (traced and plain never mix).
+        needed = _PER_MESSAGE + len(body) + (0 if trace_id is None else _TRACE_ID)
         if batch is not None and (
             batch.size + needed > self.max_bytes or (trace_id is None) != (batch.trace_ids is None)
         ):
@@ -110,7 +117,7 @@ class Batcher:
         self._pump(key, lane)
 
     def _pump(self, key: Hashable, lane: _Lane) -> None:
-        while lane.queue and lane.in_flight < lane.limit:
+        while self._closed is None and lane.queue and lane.in_flight < lane.limit:
             lane.in_flight += 1
             batch = lane.queue.pop(0)
             task = asyncio.get_running_loop().create_task(self._send(key, lane, batch))
@@ -121,10 +128,13 @@ class Batcher:
         try:
             results = await self._flush(key, batch.bodies, batch.trace_ids)
         except BaseException as exc:
+            cancelled = isinstance(exc, asyncio.CancelledError)
+            # Cancelled by close(): the callers get its error, not a cancellation of their own.
+            error = self._closed if cancelled and self._closed is not None else exc
             for future in batch.futures:
                 if not future.done():
-                    future.set_exception(exc)
-            if isinstance(exc, asyncio.CancelledError):
+                    future.set_exception(error)
+            if cancelled:
                 raise
         else:
             self.batches_sent += 1
@@ -135,22 +145,37 @@ class Batcher:
             lane.in_flight -= 1
             self._pump(key, lane)
 
-    async def flush(self) -> None:
-        """Send everything queued now and wait until it is answered."""
-        for key, lane in list(self._lanes.items()):
-            self._close_batch(key, lane)
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+    async def flush(self, timeout: float | None = None) -> bool:
+        """Send everything queued, without waiting for the linger, and wait until it is
+        answered (messages added meanwhile too). False if ``timeout`` ran out first; the
+        batches in flight are left running."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            for key, lane in list(self._lanes.items()):
+                self._close_batch(key, lane)
+            if not self._tasks:
+                return True
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                return False
+            # asyncio.wait, not gather: running out of time must not cancel the sends.
+            await asyncio.wait(list(self._tasks), timeout=remaining)
 
-    def cancel(self) -> None:
+    def close(self, error: BaseException) -> None:
+        """Stop: every caller still waiting gets ``error`` (batches in flight are cancelled,
+        whatever nsqd did with them), and later ``add()`` calls fail with it at once."""
+        self._closed = error
         for lane in self._lanes.values():
             batches = [*lane.queue, *([lane.filling] if lane.filling else [])]
+            lane.queue.clear()
+            lane.filling = None
             for batch in batches:
                 if batch.timer is not None:
                     batch.timer.cancel()
                 for future in batch.futures:
                     if not future.done():
-                        future.cancel()
+                        future.set_exception(error)
         self._lanes.clear()
         for task in self._tasks:
             task.cancel()

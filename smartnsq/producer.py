@@ -259,6 +259,9 @@ class Producer:
             else None
         )
         self._state = "new"  # new -> starting -> started -> closed
+        # Set when close() begins: new publishes are refused while the batches already
+        # accepted are flushed (the state stays "started" so that their retries still run).
+        self._closing = False
         self._start_lock: asyncio.Lock | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -300,14 +303,20 @@ class Producer:
                 log.warning("nsqd %s is not reachable yet: %s", address, result)
 
     async def close(self) -> None:
-        """Close every connection (in-flight publishes fail). The producer is not reusable."""
+        """Refuse new publishes, send the auto-batched ones already accepted (waiting up to
+        ``publish_timeout`` for their answers), then close every connection; publishes
+        still in flight fail with :class:`ClientClosedError`. Not reusable afterwards."""
         if self._state == "closed":
             return
+        self._closing = True
         if self._batcher is not None:
-            try:
-                await asyncio.wait_for(self._batcher.flush(), self.publish_timeout)
-            except asyncio.TimeoutError:
-                self._batcher.cancel()
+            await self._batcher.flush(self.publish_timeout)
+            self._batcher.close(
+                ClientClosedError(
+                    "the Producer was closed before this publish was answered "
+                    "(nsqd may or may not have stored it)"
+                )
+            )
         self._state = "closed"
         await self._pool.close()
         if self._lookup is not None and self._owns_lookup:
@@ -371,6 +380,8 @@ class Producer:
         """
         check_topic(topic)
         data = check_body(body, self.max_msg_size)
+        if self._closing:
+            raise _closing_error()
         batcher = self._batcher
         if (
             batcher is not None
@@ -454,6 +465,8 @@ class Producer:
         ``trace_ids``; MPUB_EXT with ``exts``). One result per message."""
         check_topic(topic)
         data = check_bodies(list(bodies), self.max_msg_size, self.max_body_size)
+        if self._closing:
+            raise _closing_error()
         request = _Publish(topic, "MPUB", data)
         self._common_args(request, partition, sharding_key)
         auto = not trace and trace_ids is None and exts is None and self.tracing(topic)
@@ -909,3 +922,7 @@ def _delay_ms(delay: float) -> int:
 
 def _new_trace_ids(count: int) -> list[int]:
     return [random.getrandbits(64) for _ in range(count)]
+
+
+def _closing_error() -> ClientClosedError:
+    return ClientClosedError("this Producer is closed or closing; create a new one")

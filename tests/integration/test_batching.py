@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 
+import pytest
+
 from smartnsq import errors as e
 from smartnsq.producer import Producer
 from smartnsq.retry import Backoff
@@ -82,8 +84,54 @@ async def test_close_flushes_lingering_messages() -> None:
         producer = Producer(nsqd=cluster.nsqd_addresses, linger=5.0)
         await producer.start()
         pending = asyncio.ensure_future(producer.publish("t", b"waiting"))
-        await asyncio.sleep(0.05)
-        assert not pending.done()
-        await producer.close()
+        await _until_batched(producer, 1)
+        await asyncio.wait_for(producer.close(), 5)  # well before the 5 s linger
         assert (await pending).partition is None
         assert [r.body for r in cluster.messages("t")] == [b"waiting"]
+
+
+async def test_close_refuses_new_publishes_and_sends_those_accepted() -> None:
+    async with Cluster(classic=True) as cluster:
+        producer = Producer(nsqd=cluster.nsqd_addresses, linger=5.0)
+        await producer.start()
+        accepted = asyncio.ensure_future(producer.publish("t", b"accepted"))
+        await _until_batched(producer, 1)
+        closing = asyncio.ensure_future(producer.close())
+        await asyncio.sleep(0)  # one loop turn: close() has begun
+        for late in (producer.publish("t", b"late"), producer.publish_many("t", [b"late"])):
+            with pytest.raises(e.ClientClosedError, match="closing"):
+                await late
+        await asyncio.wait_for(closing, 5)
+        assert (await accepted).partition is None
+        assert [r.body for r in cluster.messages("t")] == [b"accepted"]
+
+
+async def test_traced_auto_batches_fit_the_mpub_trace_frame() -> None:
+    # 100 bodies of 52,420 bytes fit max_body_size as MPUB, not as MPUB_TRACE (8 bytes more
+    # each): the batcher must count the trace ids, or every caller gets a ValidationError.
+    async with Cluster(nodes=1) as cluster:
+        await cluster.create_topic("t", 1, 1, channels=["c"])
+        producer = Producer(lookupd=[cluster.lookupd_url], linger=0.05, max_batch=100, trace=True)
+        async with producer:
+            body = b"x" * 52_420
+            results = await asyncio.wait_for(
+                asyncio.gather(*(producer.publish("t", body) for _ in range(100))), 10
+            )
+        assert len(results) == 100
+        assert len(cluster.messages("t")) == 100
+        assert producer._batcher is not None
+        assert producer._batcher.batches_sent == 2
+
+
+async def _until_batched(producer: Producer, count: int) -> None:
+    """Let the loop run until ``count`` messages wait in the producer's batcher."""
+    batcher = producer._batcher
+    assert batcher is not None
+    for _ in range(100):
+        waiting = sum(
+            len(lane.filling.bodies) if lane.filling else 0 for lane in batcher._lanes.values()
+        )
+        if waiting >= count:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{count} message(s) never reached the batcher")

@@ -121,10 +121,55 @@ async def test_traced_and_plain_messages_do_not_mix() -> None:
     ]
 
 
-async def test_cancel_fails_waiting_callers() -> None:
+async def test_a_traced_batch_counts_the_trace_id_of_each_message() -> None:
+    # MPUB_TRACE: [size][trace id][body] per message; room for two, not three.
     flush = Recorder()
+    batcher = Batcher(flush, linger=10, max_batch=10, max_bytes=8 + 2 * (4 + 8 + 10))
+    futures = [batcher.add("a", b"x" * 10, n) for n in range(3)]
+    await batcher.flush()
+    await asyncio.gather(*futures)
+    assert [b[2] for b in flush.batches] == [[0, 1], [2]]
+
+
+async def test_flush_also_sends_what_arrives_while_it_waits() -> None:
+    flush = Recorder()
+    flush.gate = asyncio.Event()
+    batcher = Batcher(flush, linger=10, max_batch=10, max_bytes=10_000)
+    first = batcher.add("a", b"1", None)
+    flushing = asyncio.ensure_future(batcher.flush())
+    await until(lambda: flush.running.get("a") == 1)
+    second = batcher.add("a", b"2", None)  # lingers 10 s unless flush picks it up
+    flush.gate.set()
+    assert await asyncio.wait_for(flushing, 5) is True
+    assert await first == ("a", b"1")
+    assert await second == ("a", b"2")
+
+
+async def test_flush_gives_up_at_its_timeout_without_cancelling_the_sends() -> None:
+    flush = Recorder()
+    flush.gate = asyncio.Event()
     batcher = Batcher(flush, linger=10, max_batch=10, max_bytes=10_000)
     future = batcher.add("a", b"x", None)
-    batcher.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await future
+    assert await batcher.flush(timeout=0.01) is False
+    assert flush.running["a"] == 1
+    assert not future.done()
+    flush.gate.set()
+    assert await asyncio.wait_for(future, 5) == ("a", b"x")
+
+
+async def test_close_gives_every_waiting_caller_its_error_and_sends_nothing_more() -> None:
+    closed = RuntimeError("closed")
+    flush = Recorder()
+    flush.gate = asyncio.Event()
+    batcher = Batcher(flush, linger=10, max_batch=1, max_bytes=10_000)
+    in_flight = batcher.add("a", b"1", None)  # max_batch 1: sent at once, held by the gate
+    queued = batcher.add("a", b"2", None)  # waits for the lane
+    await until(lambda: flush.running.get("a") == 1)
+    batcher.close(closed)
+    for future in (in_flight, queued):
+        with pytest.raises(RuntimeError, match="closed"):
+            await future
+    with pytest.raises(RuntimeError, match="closed"):
+        await batcher.add("a", b"3", None)
+    await until(lambda: flush.running.get("a") == 0)
+    assert flush.batches == []  # the in-flight send was cancelled, the queued one never left
