@@ -749,6 +749,16 @@ class Cluster:
             if channel in log_.channels
         )
 
+    def subscriber_rdy(self, topic: str, channel: str, partition: int | None = None) -> list[int]:
+        """The RDY count of each client subscribed to the channel (or to one partition of
+        it): [] when nobody listens, all zeros when every subscriber is paused."""
+        return [
+            client.rdy
+            for log_ in self._logs(topic, partition)
+            if channel in log_.channels
+            for client in log_.channels[channel].clients
+        ]
+
     def channel_record(self, topic: str, channel: str) -> ChannelRecord:
         """Deliveries, FINs, requeues and timeouts of a channel (all partitions)."""
         return self._records.setdefault((topic, channel), ChannelRecord())

@@ -92,7 +92,10 @@ async def test_partition_subset(cluster: Cluster) -> None:
     ):
         await _publish(cluster, "events", 200)
         await cluster.wait_for(lambda: len(seen) == 100)
-        await asyncio.sleep(0.1)
+        # nobody listens to partitions 1 and 3, so their halves stay where they are
+        assert [len(cluster.subscriber_rdy("events", "c", p)) for p in range(4)] == [1, 0, 1, 0]
+        assert cluster.depth("events", "c", partition=1) == 50
+        assert cluster.depth("events", "c", partition=3) == 50
     assert set(seen) == {0, 2}
     with pytest.raises(e.ValidationError, match="partitions"):
         async with _consumer(cluster, handler=lambda m: None, partitions=[9]):
@@ -216,9 +219,10 @@ async def test_is_starved_and_pause(cluster: Cluster) -> None:
         release.set()
         await cluster.wait_for(lambda: consumer.stats().in_flight == 0)
         assert not consumer.is_starved()
-        finished = consumer.stats().finished
-        await asyncio.sleep(0.2)
-        assert consumer.stats().finished == finished  # paused
+        # paused: every connection told nsqd RDY 0, so nothing more can be delivered
+        await cluster.wait_for(lambda: set(cluster.subscriber_rdy("events", "c")) == {0})
+        assert cluster.in_flight("events", "c") == 0
+        assert cluster.unfinished("events", "c") > 0
         consumer.set_max_in_flight(8)
         await cluster.wait_for(lambda: cluster.unfinished("events", "c") == 0)
     _assert_each_finished_once(cluster, "events", 200)

@@ -223,11 +223,18 @@ async def test_retry_through_node_crash_with_failover_delay() -> None:
         _check_log(cluster, "orders", published, keys)
 
 
-async def test_retry_until_partition_writable(cluster: Cluster) -> None:
+async def test_retry_until_partition_writable(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="smartnsq.producer")
+
+    def retries() -> int:
+        return sum("retrying" in r.getMessage() for r in caplog.records)
+
     async with _producer(cluster) as producer:
         await cluster.set_writable("orders", 1, False)
         pending = asyncio.create_task(producer.publish("orders", b"waits", partition=1))
-        await asyncio.sleep(0.3)
+        await cluster.wait_for(lambda: retries() >= 2)  # refused twice, still trying
         assert not pending.done()
         await cluster.set_writable("orders", 1, True)
         result = await pending
