@@ -270,7 +270,7 @@ class Producer:
         """Return once publishing can succeed: a lookupd answers, or (direct mode) at least
         one nsqd accepted a connection. Raises after ``connect_timeout`` otherwise."""
         if self._state == "closed":
-            raise ClientClosedError("this Producer is closed; create a new one")
+            raise _closing_error()
         if self._state == "started":
             return self
         if self._start_lock is None:
