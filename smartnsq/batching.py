@@ -12,13 +12,10 @@ batch's exception.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
 __all__ = ["Batcher"]
-
-log = logging.getLogger("smartnsq.producer")
 
 # MPUB frame: [size][count] then [size][body] per message.
 _FRAME_OVERHEAD = 8

@@ -549,17 +549,24 @@ class Producer:
     ) -> list[PublishResult]:
         if self._state != "started":
             await self.start()
-        telemetry = self._telemetry
-        if not telemetry.enabled:
+        if self._telemetry.enabled:
+            results = await self._run_in_span(request, timeout, first_failure)
+        else:
             results = await self._run_retrying(request, timeout, first_failure)
-            if results[0].internal_id is not None:
-                for result in results:
-                    log_publish(result)
-            return results
+        if results[0].internal_id is not None:
+            for result in results:
+                log_publish(result)
+        return results
+
+    async def _run_in_span(
+        self, request: _Publish, timeout: float | None, first_failure: BaseException | None
+    ) -> list[PublishResult]:
+        """_run_retrying inside a ``send {topic}`` span, counted in the metrics."""
+        telemetry = self._telemetry
         request.span = telemetry.start_send(request.topic, len(request.bodies))
         attributes = {"messaging.destination.name": request.topic}
         try:
-            results = await self._run_retrying(request, timeout)
+            results = await self._run_retrying(request, timeout, first_failure)
         except BaseException as exc:
             telemetry.count("publish_errors", 1, {**attributes, "error.type": error_type(exc)})
             if request.span is not None:
@@ -578,9 +585,6 @@ class Producer:
                 span.set_attribute(key, value)
             span.set_attribute("messaging.nsq.tries", first.tries)
             span.end()
-        if results[0].internal_id is not None:
-            for result in results:
-                log_publish(result)
         return results
 
     async def _run_retrying(
