@@ -13,7 +13,6 @@ import logging
 import socket
 import ssl
 import time
-import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -99,7 +98,6 @@ class Cluster:
         self._partitions_by_log: dict[int, Partition] = {}
         self._records: dict[tuple[str, str], ChannelRecord] = {}
         # log index each channel started at (classic nsqd counts a channel's messages from it)
-        self._channel_starts: weakref.WeakKeyDictionary[Channel, int] = weakref.WeakKeyDictionary()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._failovers: dict[tuple[str, int], asyncio.TimerHandle] = {}
         self._changed: asyncio.Event | None = None
@@ -394,13 +392,8 @@ class Cluster:
             if name not in partition.topic.channel_names:
                 partition.topic.channel_names.append(name)
         log_.channels[name] = channel
-        self._channel_starts[channel] = start
         self.changed()
         return channel
-
-    def channel_start(self, channel: Channel) -> int:
-        """The log index a channel started at (its first message, classic; end, youzan)."""
-        return self._channel_starts.get(channel, 0)
 
     def client_left(self, channel: Channel) -> None:
         if channel.name.endswith("#ephemeral") and not channel.clients:
@@ -731,33 +724,32 @@ class Cluster:
             return [self._partition(topic, partition).log]
         return [parts[p].log for p in sorted(parts)]
 
+    def _channels(self, topic: str, channel: str, partition: int | None = None) -> list[Channel]:
+        """The channel ``channel`` of each log of the topic (or partition) that has it."""
+        return [
+            log_.channels[channel]
+            for log_ in self._logs(topic, partition)
+            if channel in log_.channels
+        ]
+
     def messages(self, topic: str, partition: int | None = None) -> list[Record]:
         """Every message accepted for the topic (or one partition), in log order."""
         return [r for log_ in self._logs(topic, partition) for r in log_.records]
 
     def depth(self, topic: str, channel: str | None = None, partition: int | None = None) -> int:
         """Messages not yet delivered: of a channel, or of the topic's logs."""
-        logs = self._logs(topic, partition)
         if channel is None:
-            return sum(len(log_.records) for log_ in logs)
-        return sum(log_.channels[channel].depth for log_ in logs if channel in log_.channels)
+            return sum(len(log_.records) for log_ in self._logs(topic, partition))
+        return sum(c.depth for c in self._channels(topic, channel, partition))
 
     def in_flight(self, topic: str, channel: str, partition: int | None = None) -> int:
-        return sum(
-            len(log_.channels[channel].in_flight)
-            for log_ in self._logs(topic, partition)
-            if channel in log_.channels
-        )
+        return sum(len(c.in_flight) for c in self._channels(topic, channel, partition))
 
     def subscriber_rdy(self, topic: str, channel: str, partition: int | None = None) -> list[int]:
         """The RDY count of each client subscribed to the channel (or to one partition of
         it): [] when nobody listens, all zeros when every subscriber is paused."""
-        return [
-            client.rdy
-            for log_ in self._logs(topic, partition)
-            if channel in log_.channels
-            for client in log_.channels[channel].clients
-        ]
+        channels = self._channels(topic, channel, partition)
+        return [client.rdy for c in channels for client in c.clients]
 
     def channel_record(self, topic: str, channel: str) -> ChannelRecord:
         """Deliveries, FINs, requeues and timeouts of a channel (all partitions)."""
@@ -765,11 +757,7 @@ class Cluster:
 
     def unfinished(self, topic: str, channel: str) -> int:
         """Messages of the channel not finished yet (waiting, deferred or in flight)."""
-        return sum(
-            log_.channels[channel].depth + len(log_.channels[channel].in_flight)
-            for log_ in self._logs(topic)
-            if channel in log_.channels
-        )
+        return sum(c.depth + len(c.in_flight) for c in self._channels(topic, channel))
 
     def clients(self, index: int) -> int:
         return len(self._node(index).sessions)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import random
 import struct
 import time
 from collections import deque
@@ -96,8 +97,6 @@ class Subscriber(Protocol):
     sample_rate: int
     label: str
 
-    def deliver(self, delivery: Delivery) -> None: ...
-
     def deliver_many(self, deliveries: list[Delivery]) -> None: ...
 
 
@@ -121,9 +120,6 @@ class ChannelRecord:
     finished: list[tuple[int | None, int]] = field(default_factory=list)
     requeued: list[tuple[int | None, int]] = field(default_factory=list)
     timed_out: list[tuple[int | None, int]] = field(default_factory=list)
-
-    def finished_ids(self) -> list[tuple[int | None, int]]:
-        return list(self.finished)
 
     def duplicates_finished(self) -> list[tuple[int | None, int]]:
         """Messages finished more than once (must be empty)."""
@@ -294,6 +290,7 @@ class Channel:
     ) -> None:
         self.name = name
         self.log = log
+        self.start_index = start_index  # its first message (classic) or the queue's end
         self.next_index = start_index
         self.ordered = False
         self.paused = False
@@ -334,14 +331,20 @@ class Channel:
         """The client left: its in-flight messages go back to the queue (attempts kept)."""
         if client in self.clients:
             self.clients.remove(client)
-        returned = [d for d in self.in_flight.values() if d.client is client]
-        for delivery in returned:
+        self._take_back([d for d in self.in_flight.values() if d.client is client])
+
+    def _take_back(self, deliveries: list[Delivery]) -> None:
+        """In-flight messages back to the front of the queue, in log order."""
+        if not deliveries:
+            return
+        for delivery in deliveries:
             del self.in_flight[delivery.record.id]
+            if delivery.client is not None:
+                delivery.client.in_flight -= 1
             delivery.client = None
-        if returned:
-            returned.sort(key=lambda d: d.record.index)
-            self.requeue.extendleft(reversed(returned))
-            self.schedule_pump()
+        deliveries.sort(key=lambda d: d.record.index)
+        self.requeue.extendleft(reversed(deliveries))
+        self.schedule_pump()
 
     # ------------------------------------------------------------------ delivery
 
@@ -485,17 +488,8 @@ class Channel:
         delivery.client = client
         deadline = self._clock() + client.msg_timeout
         delivery.deadline = deadline
-        if deadline < self.next_deadline:
-            self.next_deadline = deadline
         self.in_flight[delivery.record.id] = delivery
-        client.in_flight += 1
-        self.message_count += 1
-        if self.record is not None:
-            record = delivery.record
-            self.record.deliveries.append(
-                (self.log.partition, record.internal_id, delivery.attempts, client.label)
-            )
-        client.deliver(delivery)
+        self._sent([delivery], client, deadline)
 
     # ------------------------------------------------------------------ answers
 
@@ -510,12 +504,7 @@ class Channel:
         return delivery
 
     def finish(self, message_id: bytes, client: Subscriber) -> bool:
-        delivery = self.take(message_id, client)
-        if delivery is None:
-            return False
-        self._finish(delivery)
-        self.schedule_pump()
-        return True
+        return not self.finish_many([message_id], client)
 
     def finish_many(self, message_ids: list[bytes], client: Subscriber) -> list[bytes]:
         """:meth:`finish` each id in turn; returns the ids that were not in flight for
@@ -587,19 +576,11 @@ class Channel:
         if now < self.next_deadline:
             return
         expired = [d for d in self.in_flight.values() if d.deadline <= now]
-        for delivery in expired:
-            del self.in_flight[delivery.record.id]
-            client = delivery.client
-            if client is not None:
-                client.in_flight -= 1
-            delivery.client = None
-            self.timeout_count += 1
-            if self.record is not None:
-                self.record.timed_out.append((self.log.partition, delivery.record.internal_id))
-        if expired:
-            expired.sort(key=lambda d: d.record.index)
-            self.requeue.extendleft(reversed(expired))
-            self.schedule_pump()
+        self.timeout_count += len(expired)
+        if self.record is not None:
+            partition = self.log.partition
+            self.record.timed_out.extend((partition, d.record.internal_id) for d in expired)
+        self._take_back(expired)
         self.next_deadline = min(
             (d.deadline for d in self.in_flight.values()), default=float("inf")
         )
@@ -607,15 +588,8 @@ class Channel:
     def reset_for_new_leader(self) -> None:
         """Leadership moved: every unfinished message will be redelivered by the new leader,
         same id, attempts counted afresh (the new leader keeps no attempt counters)."""
-        returned = sorted(self.in_flight.values(), key=lambda d: d.record.index)
-        self.in_flight.clear()
-        for delivery in returned:
-            client = delivery.client
-            if client is not None:
-                client.in_flight -= 1
-            delivery.client = None
-        merged = sorted([*returned, *self.requeue], key=lambda d: d.record.index)
-        self.requeue = deque(merged)
+        self._take_back(list(self.in_flight.values()))
+        self.requeue = deque(sorted(self.requeue, key=lambda d: d.record.index))
         for delivery in self.requeue:
             delivery.attempts = 0
         for _, _, delivery in self.deferred:
@@ -631,8 +605,6 @@ class Channel:
 
 
 def _sampled_out(rate: int) -> bool:
-    import random
-
     return random.randint(0, 99) >= rate
 
 
