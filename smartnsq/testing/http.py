@@ -24,7 +24,6 @@ __all__ = [
     "Request",
     "Response",
     "Route",
-    "api_response",
     "dispatch",
     "json_response",
     "respond",
@@ -104,16 +103,6 @@ def json_response(data: Any, status: int = 200, *, v1_header: bool = False) -> R
 def text_response(text: str | bytes, status: int = 200) -> Response:
     body = text.encode() if isinstance(text, str) else text
     return Response(status, body)
-
-
-def api_response(request: Request, data: Any, *, negotiate: bool = True) -> Response:
-    """A success answer: bare JSON in v1 mode (or for V1-only endpoints), else the legacy
-    ``{"status_code":200,"status_txt":"OK","data":...}`` envelope."""
-    if not negotiate or request.wants_v1:
-        if data is None:
-            return Response(200, b"", [V1_CONTENT_TYPE_HEADER], _JSON)
-        return json_response(data, v1_header=True)
-    return json_response({"status_code": 200, "status_txt": "OK", "data": data})
 
 
 def api_error(request: Request, error: ApiError, *, negotiate: bool = True) -> Response:
@@ -335,13 +324,3 @@ class HttpServer:
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-def query_flag(request: Request, name: str) -> bool:
-    """youzan flags take the literal string ``true``."""
-    return request.arg(name) == "true"
-
-
-def first(mapping: Mapping[str, list[str]], name: str) -> str | None:
-    values = mapping.get(name)
-    return values[0] if values else None

@@ -249,8 +249,7 @@ class NsqdHttpApi:
             # nsqd divides its latency figure by the message count after the write and
             # panics; its panic handler answers this.
             raise ApiError(500, "INTERNAL_ERROR", always_v1=True)
-        for body in messages:
-            partition.log.append(body)
+        partition.log.extend(messages)
         self._published()
         return "OK"
 
@@ -311,8 +310,7 @@ class NsqdHttpApi:
             raise ApiError(413, "BODY_TOO_BIG")
         log_ = self._classic_topic(request)
         binary = "binary" in request.query and _go_bool(request.query["binary"][0], True)
-        for body in self._split(request, binary=binary):
-            log_.append(body)
+        log_.extend(self._split(request, binary=binary))
         self._published()
         return "OK"
 

@@ -158,8 +158,8 @@ def _clients_of(node: NsqdNode, channel: Channel) -> list[Subscriber]:
     return [c for c in channel.clients if not isinstance(c, ClientSession) or c.node is node]
 
 
-def _in_flight_on(node: NsqdNode, channel: Channel) -> int:
-    mine = _clients_of(node, channel)
+def _in_flight_on(channel: Channel, mine: list[Subscriber]) -> int:
+    """The channel's messages in flight to ``mine`` (its clients on one node)."""
     return sum(1 for d in channel.in_flight.values() if d.client in mine)
 
 
@@ -167,7 +167,8 @@ def _youzan_channel(node: NsqdNode, channel: Channel) -> dict[str, Any]:
     # youzan counts a message in the depth until it is confirmed, so in-flight ones too
     depth = channel.depth + len(channel.in_flight)
     oldest = _oldest_unfinished_ns(channel)
-    clients = [_youzan_client(c, channel) for c in _clients_of(node, channel)]
+    mine = _clients_of(node, channel)
+    clients = [_youzan_client(c, channel) for c in mine]
     return {
         "channel_name": channel.name,
         "backlogs": depth,
@@ -177,7 +178,7 @@ def _youzan_channel(node: NsqdNode, channel: Channel) -> dict[str, Any]:
         "depth_ts_nano": oldest,
         "backend_depth": depth,
         "hourly_subsize": 0,
-        "in_flight_count": _in_flight_on(node, channel),
+        "in_flight_count": _in_flight_on(channel, mine),
         "deferred_count": len(channel.deferred),
         "deferred_from_delay_count": 0,
         # youzan: the total count of the channel's queue, not the deliveries
@@ -224,17 +225,12 @@ def _client_common(client: Subscriber, channel: Channel) -> dict[str, Any]:
     delivered = 0
     if channel.record is not None:
         delivered = sum(1 for d in channel.record.deliveries if d[3] == client.label)
-    remote = ""
-    if session is not None and session.transport is not None:
-        peer = session.transport.get_extra_info("peername")
-        if peer:
-            remote = f"{peer[0]}:{peer[1]}"
     codec = getattr(session, "_codec", None)
     return {
         "client_id": session.client_id if session else client.label,
         "hostname": session.hostname if session else "",
         "version": "V2",
-        "remote_address": remote,
+        "remote_address": _remote(session) if session is not None else "",
         "state": _STATE_CLOSING if session is not None and session.closing else _STATE_SUBSCRIBED,
         "ready_count": client.rdy,
         "in_flight_count": client.in_flight,
@@ -317,21 +313,22 @@ def _classic_topic(
 
 
 def _classic_channel(node: NsqdNode, channel: Channel, query: StatsQuery) -> dict[str, Any]:
-    start = node.cluster.channel_start(channel)
+    start = channel.start_index
+    mine = _clients_of(node, channel)
     clients: list[dict[str, Any]] | None = None
     if query.include_clients:
-        clients = [_classic_client(c, channel) for c in _clients_of(node, channel)]
+        clients = [_classic_client(c, channel) for c in mine]
     return {
         "channel_name": channel.name,
         "depth": channel.depth - len(channel.deferred),
         "backend_depth": 0,
-        "in_flight_count": _in_flight_on(node, channel),
+        "in_flight_count": _in_flight_on(channel, mine),
         "deferred_count": len(channel.deferred),
         # classic: messages the channel received from its topic (redeliveries excluded)
         "message_count": len(channel.log.records) - start,
         "requeue_count": channel.requeue_count,
         "timeout_count": channel.timeout_count,
-        "client_count": len(_clients_of(node, channel)),
+        "client_count": len(mine),
         "clients": clients,
         "paused": channel.paused,
         "e2e_processing_latency": dict(_E2E),
@@ -368,11 +365,7 @@ def _classic_producers(node: NsqdNode) -> list[dict[str, Any]]:
                 "deflate": False,
                 "snappy": False,
                 "user_agent": session.user_agent,
-                "tls": session.tls,
-                "tls_cipher_suite": "",
-                "tls_version": "",
-                "tls_negotiated_protocol": "",
-                "tls_negotiated_protocol_is_mutual": False,
+                **_tls_fields({"tls": session.tls}),
             }
         )
     return producers
