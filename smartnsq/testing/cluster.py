@@ -117,13 +117,18 @@ class Cluster:
         self._changed = asyncio.Event()
         for lookupd in self.lookupds:
             await lookupd.start()
-        for node, http in zip(self.nodes, self._node_http, strict=True):
-            await node.start()
-            await http.start()
-            node.http_port = http.port
+        for index in range(len(self.nodes)):
+            await self._start_node_servers(index)
         self._sweeper = self._loop.create_task(self._sweep_loop())
         log.info("cluster started: lookupd %s, nsqd %s", self.lookupd_urls, self.nsqd_addresses)
         return self
+
+    async def _start_node_servers(self, index: int) -> None:
+        """A node's TCP and HTTP servers (the same ports again on a restart)."""
+        node, http = self.nodes[index], self._node_http[index]
+        await node.start()
+        await http.start()
+        node.http_port = http.port
 
     async def stop(self) -> None:
         if self._stopped or not self._started:
@@ -578,9 +583,7 @@ class Cluster:
     def delete_topic_now(self, name: str) -> None:
         topic = self._topic(name)
         for part in topic.partitions.values():
-            pending = self._failovers.pop((name, part.id), None)
-            if pending is not None:
-                pending.cancel()
+            self._cancel_failover(part)
             for node in self.nodes:
                 node.detach_consumers(part.log)
             for channel in part.log.channels.values():
@@ -626,16 +629,19 @@ class Cluster:
         ]
 
     def _schedule_failover(self, partition: Partition) -> None:
-        key = (partition.topic.name, partition.id)
-        old = self._failovers.pop(key, None)
-        if old is not None:
-            old.cancel()
+        self._cancel_failover(partition)
         if self.failover_delay <= 0:
             self._failover(partition)
             return
+        key = (partition.topic.name, partition.id)
         self._failovers[key] = self._running_loop().call_later(
             self.failover_delay, self._failover, partition
         )
+
+    def _cancel_failover(self, partition: Partition) -> None:
+        pending = self._failovers.pop((partition.topic.name, partition.id), None)
+        if pending is not None:
+            pending.cancel()
 
     def _failover(self, partition: Partition) -> None:
         self._failovers.pop((partition.topic.name, partition.id), None)
@@ -653,19 +659,14 @@ class Cluster:
         node = self._node(index)
         if node.running:
             return
-        await node.start()
-        http = self._node_http[index]
-        await http.start()
-        node.http_port = http.port
+        await self._start_node_servers(index)
         for topic in self.topics.values():
             for part in topic.partitions.values():
                 if index not in part.replicas:
                     continue
                 if part.leader == index:
                     # It still led (failover pending, or no replica could take over).
-                    pending = self._failovers.pop((topic.name, part.id), None)
-                    if pending is not None:
-                        pending.cancel()
+                    self._cancel_failover(part)
                     self._set_leader(part, index, restarted=True)
                 else:
                     self._update_writable(part)
