@@ -852,13 +852,18 @@ class Producer:
             return commands.pub_ext(topic, bodies[0], ext or b"{}", partition, **limits)
         if command == "DPUB" and request.delay_ms is not None:
             return commands.dpub(topic, bodies[0], request.delay_ms, **limits)
-        batch_limits = {**limits, "max_body_size": self.max_body_size}
         if command == "MPUB":
-            return commands.mpub(topic, bodies, partition, **batch_limits)
+            # bodies checked by publish_many() or, batched, by publish() and the batcher
+            head = commands.mpub_head(topic, partition)
+            return commands.mpub_with_head(head, bodies, self.max_body_size)
         if command == "MPUB_TRACE" and request.trace_ids is not None:
+            # checked again: a trace id takes 8 bytes of each message's max_msg_size
+            batch_limits = {**limits, "max_body_size": self.max_body_size}
             return commands.mpub_trace(topic, bodies, request.trace_ids, partition, **batch_limits)
         if command == "MPUB_EXT" and request.exts is not None:
-            return commands.mpub_ext(topic, bodies, request.exts, partition, **batch_limits)
+            # bodies checked and ext headers encoded by publish_many()
+            head = commands.mpub_ext_head(topic, partition)
+            return commands.mpub_ext_with_head(head, bodies, request.exts, self.max_body_size)
         raise ValidationError("command", f"cannot encode {command}")  # pragma: no cover
 
     def _results(

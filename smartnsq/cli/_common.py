@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -26,11 +26,13 @@ __all__ = [
     "add_connection_options",
     "add_verbosity",
     "channel_arg",
+    "dash",
     "muted_logs",
     "plural",
     "resolve_target",
     "setup_logging",
     "silence_stdout",
+    "table",
     "topic_arg",
 ]
 
@@ -135,6 +137,21 @@ def channel_arg(channel: str) -> str:
 
 def plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def dash(value: object) -> str:
+    """``value`` as text, ``-`` for None."""
+    return "-" if value is None else str(value)
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    """Left-aligned columns two spaces apart, each line indented and without trailing blanks."""
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+    lines = []
+    for row in (header, *rows):
+        cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        lines.append((indent + "  ".join(cells)).rstrip())
+    return lines
 
 
 # --------------------------------------------------------------------------- logging

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from smartnsq.cli import UsageError
-from smartnsq.cli._common import Progress, add_verbosity, plural, setup_logging
+from smartnsq.cli._common import Progress, add_verbosity, plural, setup_logging, table
 from smartnsq.consumer import Consumer
 from smartnsq.message import Message
 from smartnsq.producer import Producer
@@ -307,13 +307,12 @@ class _Demo:
     ) -> None:
         self.say()
         topology = cluster.topology(TOPIC)
-        rows = [("partition", "leader", "messages")]
+        rows = []
         for pid in range(self.s.partitions):
             leader = topology[pid]["leader"]
             rows.append((str(pid), f"node {leader}", str(checker.per_partition.get(pid, 0))))
-        widths = [max(len(row[i]) for row in rows) for i in range(3)]
-        for row in rows:
-            self.say("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+        for line in table(("partition", "leader", "messages"), rows, indent=""):
+            self.say(line)
         self.say()
         keys = len(checker.expected)
         self.say(f"per-key order verified: {keys} keys, {checker.violations} violations")

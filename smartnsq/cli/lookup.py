@@ -16,9 +16,10 @@ from smartnsq.cli._common import (
     muted_logs,
     resolve_target,
     setup_logging,
+    table,
     topic_arg,
 )
-from smartnsq.protocol.lookupd import Access, TopicLayout
+from smartnsq.protocol.lookupd import Access, TopicLayout, TopicMeta
 from smartnsq.transport.lookup import LookupManager
 
 __all__ = ["register"]
@@ -74,7 +75,7 @@ class _Answer:
         result.update(
             youzan=layout.youzan,
             found=self.found,
-            flags=None if meta is None else _flags(layout),
+            flags=None if meta is None else _flags(meta),
             partitions=[
                 {
                     "partition": pid,
@@ -93,10 +94,7 @@ class _Answer:
         return result
 
 
-def _flags(layout: TopicLayout) -> dict[str, Any]:
-    meta = layout.meta
-    if meta is None:
-        return {}
+def _flags(meta: TopicMeta) -> dict[str, Any]:
     return {
         "partition_num": meta.partition_num,
         "replica": meta.replica,
@@ -153,15 +151,6 @@ def _disagreements(answers: Sequence[_Answer]) -> list[int]:
     return sorted(pid for pid, nodes in leaders.items() if len(nodes) > 1)
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
-    lines = []
-    for row in (header, *rows):
-        cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-        lines.append(("  " + "  ".join(cells)).rstrip())
-    return lines
-
-
 def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
@@ -189,12 +178,12 @@ def _render(topic: str, access: str, answers: Sequence[_Answer]) -> str:
         if layout.partitions:
             replica = str(meta.replica) if meta is not None else "-"
             rows = [[str(pid), n.tcp_address, replica] for pid, n in layout.partitions.items()]
-            lines += _table(("PARTITION", "LEADER", "REPLICAS"), rows)
+            lines += table(("PARTITION", "LEADER", "REPLICAS"), rows)
         elif meta is not None and meta.valid:
             lines.append("  no partition has a leader now")
         if layout.classic_nodes:
             rows = [[n.tcp_address, n.http_address, n.version] for n in layout.classic_nodes]
-            lines += _table(("NODE", "HTTP", "VERSION"), rows)
+            lines += table(("NODE", "HTTP", "VERSION"), rows)
         if layout.channels:
             lines.append(f"  channels: {', '.join(layout.channels)}")
         lines.append("")

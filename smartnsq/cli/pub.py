@@ -18,6 +18,7 @@ from smartnsq.cli._common import (
     Target,
     add_connection_options,
     add_verbosity,
+    dash,
     muted_logs,
     plural,
     resolve_target,
@@ -329,12 +330,8 @@ class _Publisher:
             if r.internal_id is None:
                 self.no_receipt = True
             lines.append(
-                f"partition={_dash(r.partition)} internal_id={_dash(r.internal_id)} "
-                f"trace_id={_dash(r.trace_id)} offset={_dash(r.offset)} size={_dash(r.size)}\n"
+                f"partition={dash(r.partition)} internal_id={dash(r.internal_id)} "
+                f"trace_id={dash(r.trace_id)} offset={dash(r.offset)} size={dash(r.size)}\n"
             )
         sys.stdout.write("".join(lines))
         sys.stdout.flush()
-
-
-def _dash(value: object) -> str:
-    return "-" if value is None else str(value)

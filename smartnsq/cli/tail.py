@@ -16,6 +16,7 @@ from smartnsq.cli._common import (
     add_connection_options,
     add_verbosity,
     channel_arg,
+    dash,
     muted_logs,
     resolve_target,
     setup_logging,
@@ -111,13 +112,9 @@ def format_message(message: Message, raw: bool = False) -> str:
         text = message.body.decode("utf-8", "replace")
         body = text.replace("\r", "\\r").replace("\n", "\\n")
     return (
-        f"partition={_dash(message.partition)} offset={_dash(message.offset)} "
+        f"partition={dash(message.partition)} offset={dash(message.offset)} "
         f"trace_id={message.trace_id or '-'} attempts={message.attempts} {body}"
     )
-
-
-def _dash(value: int | None) -> str:
-    return "-" if value is None else str(value)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -47,7 +47,11 @@ __all__ = [
     "identify",
     "mpub",
     "mpub_ext",
+    "mpub_ext_head",
+    "mpub_ext_with_head",
+    "mpub_head",
     "mpub_trace",
+    "mpub_with_head",
     "nop",
     "pub",
     "pub_ext",
@@ -200,12 +204,14 @@ def pub_with_head(head: bytes, body: bytes) -> bytes:
     return b"".join((head, _pack_u32(len(body)), body))
 
 
-def _mpub_frame(head: bytes, elements: Sequence[bytes], max_body_size: int) -> bytes:
+def _mpub_frame(
+    head: bytes, elements: Sequence[bytes], max_body_size: int, unit: str = "bytes"
+) -> bytes:
     sizes = list(map(len, elements))
     size = 4 + 4 * len(sizes) + sum(sizes)
     if size > max_body_size:
         raise ValidationError(
-            "bodies", f"batch is {size} bytes, over the maximum of {max_body_size}"
+            "bodies", f"batch is {size} {unit}, over the maximum of {max_body_size}"
         )
     # [size][count] then [size][element] each, interleaved without a Python-level loop
     framed = chain.from_iterable(zip(map(_pack_u32, sizes), elements, strict=True))
@@ -222,8 +228,21 @@ def mpub(
 ) -> bytes:
     """``MPUB <topic>[ <partition>]\\n[size][count]([msg size][msg])*``."""
     data = check_bodies(bodies, max_msg_size, max_body_size)
-    head = b"MPUB " + check_topic(topic).encode() + _partition_suffix(partition)
-    return _mpub_frame(head, data, max_body_size)
+    return mpub_with_head(mpub_head(topic, partition), data, max_body_size)
+
+
+def mpub_head(topic: str, partition: int | None = None) -> bytes:
+    """``MPUB <topic>[ <partition>]\\n``, validated, for :func:`mpub_with_head`."""
+    return b"MPUB " + check_topic(topic).encode() + _partition_suffix(partition)
+
+
+def mpub_with_head(
+    head: bytes, bodies: Sequence[bytes], max_body_size: int = MAX_BODY_SIZE
+) -> bytes:
+    """An MPUB from :func:`mpub_head` and bodies each already checked by ``check_body`` (as
+    ``check_bodies`` does): a producer checks a batch once, not on every attempt. Only the
+    frame's size is checked here, with ``check_bodies``' message."""
+    return _mpub_frame(head, bodies, max_body_size, "bytes on the wire")
 
 
 def pub_trace(
@@ -261,7 +280,12 @@ def mpub_trace(
 
 
 def _ext_element(ext: Mapping[str, Any] | bytes | None, body: bytes) -> bytes:
-    raw = b"" if ext is None else encode_ext(ext)
+    return _raw_ext_element(None if ext is None else encode_ext(ext), body)
+
+
+def _raw_ext_element(raw: bytes | None, body: bytes) -> bytes:
+    """``[uint16 json len][json][body]`` from JSON already checked by ``encode_ext``."""
+    raw = b"" if raw is None else raw
     return b"".join((_pack_u16(len(raw)), raw, body))
 
 
@@ -297,10 +321,29 @@ def mpub_ext(
     headers = list(exts)
     if len(headers) != len(data):
         raise ValidationError("exts", f"{len(headers)} ext headers for {len(data)} bodies")
-    head = b"MPUB_EXT " + check_topic(topic).encode() + _partition_suffix(partition)
+    head = mpub_ext_head(topic, partition)
     return _mpub_frame(
         head, [_ext_element(e, b) for e, b in zip(headers, data, strict=True)], max_body_size
     )
+
+
+def mpub_ext_head(topic: str, partition: int | None = None) -> bytes:
+    """``MPUB_EXT <topic>[ <partition>]\\n``, validated, for :func:`mpub_ext_with_head`."""
+    return b"MPUB_EXT " + check_topic(topic).encode() + _partition_suffix(partition)
+
+
+def mpub_ext_with_head(
+    head: bytes,
+    bodies: Sequence[bytes],
+    raw_exts: Sequence[bytes | None],
+    max_body_size: int = MAX_BODY_SIZE,
+) -> bytes:
+    """An MPUB_EXT from :func:`mpub_ext_head`, bodies checked by ``check_bodies`` and ext
+    headers already encoded by ``encode_ext`` (None: no header), one per body. Only the
+    frame's size is checked here."""
+    if len(raw_exts) != len(bodies):
+        raise ValidationError("exts", f"{len(raw_exts)} ext headers for {len(bodies)} bodies")
+    return _mpub_frame(head, list(map(_raw_ext_element, raw_exts, bodies)), max_body_size)
 
 
 def dpub(

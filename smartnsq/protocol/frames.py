@@ -26,7 +26,6 @@ __all__ = [
 FRAME_TYPE_RESPONSE = 0
 FRAME_TYPE_ERROR = 1
 FRAME_TYPE_MESSAGE = 2
-FRAME_TYPE_NAMES = {0: "response", 1: "error", 2: "message"}
 
 # A message frame holds at most max_msg_size (1 MiB by default) plus its headers; servers may
 # raise their limits, so the default guard is generous. A larger size means corruption.

@@ -13,13 +13,19 @@ from smartnsq.errors import ProtocolError, ValidationError
 from smartnsq.protocol import commands
 from smartnsq.protocol.validation import MAX_DESIRED_TAG_LENGTH, MAX_RDY_COUNT
 
-__all__ = ["IdentifyRequest", "IdentifyResponse"]
+__all__ = ["IdentifyRequest", "IdentifyResponse", "is_youzan_version"]
 
 MAX_HEARTBEAT_INTERVAL_MS = 60_000
 MAX_OUTPUT_BUFFER_SIZE = 64 * 1024
 MAX_OUTPUT_BUFFER_TIMEOUT_MS = 1000
 MAX_MSG_TIMEOUT_MS = 15 * 60 * 1000
 MAX_DEFLATE_LEVEL = 6
+
+
+def is_youzan_version(version: str) -> bool:
+    """youzan HA nodes report versions such as ``0.3.7-HA.1.13.0`` (to IDENTIFY and to
+    nsqlookupd alike)."""
+    return "-HA." in version
 
 
 def _check_int(name: str, value: object) -> int:
@@ -167,8 +173,8 @@ class IdentifyResponse:
 
     @property
     def is_youzan(self) -> bool:
-        """youzan HA nodes report versions such as ``0.3.7-HA.1.13.0``."""
-        return "-HA." in self.version
+        """A youzan HA nsqd, by its version (see :func:`is_youzan_version`)."""
+        return is_youzan_version(self.version)
 
     @classmethod
     def decode(cls, data: bytes) -> IdentifyResponse | None:

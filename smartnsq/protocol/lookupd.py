@@ -25,6 +25,7 @@ from smartnsq.errors import (
     TopicNotFoundError,
     ValidationError,
 )
+from smartnsq.protocol.identify import is_youzan_version
 
 __all__ = [
     "ACCEPT_V1",
@@ -192,7 +193,10 @@ def _as_bool(value: object, name: str) -> bool:
 
 
 def _as_port(value: object, name: str) -> int:
-    port = _as_int(value, name)
+    return _check_port(_as_int(value, name), name)
+
+
+def _check_port(port: int, name: str) -> int:
     if not 0 < port <= _MAX_PORT:
         raise ProtocolError(f"{name} must be 1..{_MAX_PORT}, got {port}")
     return port
@@ -257,8 +261,8 @@ class Node:
 
     @property
     def is_youzan(self) -> bool:
-        """youzan HA nodes report versions such as ``0.3.7-HA.1.13.0``."""
-        return "-HA." in self.version
+        """A youzan HA nsqd, by its version (see ``identify.is_youzan_version``)."""
+        return is_youzan_version(self.version)
 
 
 def parse_node(value: object, where: str = "producer") -> Node:
@@ -363,7 +367,7 @@ class TopicLayout:
     @property
     def partition_num(self) -> int:
         """``meta.partition_num`` when valid, else the number of partitions listed (go-nsq)."""
-        if self.meta is not None and self.meta.partition_num > 0:
+        if self.meta is not None and self.meta.valid:
             return self.meta.partition_num
         return len(self.partitions)
 
@@ -536,9 +540,7 @@ def _string_port(value: object, name: str, *, required: bool) -> int:
         port = int(value)
     else:
         raise ProtocolError(f"{name} must be a port number, not {value!r}")
-    if not 0 < port <= _MAX_PORT:
-        raise ProtocolError(f"{name} must be 1..{_MAX_PORT}, got {port}")
-    return port
+    return _check_port(port, name)
 
 
 def _parse_lookupd_node(value: object, where: str) -> LookupdNode | None:

@@ -17,7 +17,6 @@ __all__ = [
     "TRACE_RECEIPT_SIZE",
     "AuthResponse",
     "TraceReceipt",
-    "is_trace_receipt",
 ]
 
 OK = b"OK"
@@ -50,10 +49,6 @@ class TraceReceipt:
 
     def encode(self) -> bytes:
         return _receipt.pack(OK, self.internal_id, self.trace_id, self.offset, self.size)
-
-
-def is_trace_receipt(data: bytes) -> bool:
-    return len(data) == TRACE_RECEIPT_SIZE and data[:2] == OK
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,8 @@ from smartnsq.protocol.lookupd import (
     LookupdNode,
     Node,
     TopicLayout,
+    _check_access,
+    _join_host_port,
     merge_layouts,
     parse_listlookup,
     parse_lookup,
@@ -81,10 +83,6 @@ _Key = tuple[str, Access]
 
 # What a lookupd that is down or broken raises; anything else is a bug and propagates.
 _FAILURES = (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError, ProtocolError, OSError)
-
-
-def _join_host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _normalize_seed(seed: object) -> tuple[str, str]:
@@ -120,14 +118,6 @@ def _describe(exc: BaseException) -> str:
 def _is_retriable(exc: BaseException) -> bool:
     # Transport errors and 5xx answers that are not nsqlookupd's (see _get_once).
     return isinstance(exc, (httpx.TransportError, httpx.HTTPStatusError))
-
-
-def _check_access(access: object) -> Access:
-    if access == "r":
-        return "r"
-    if access == "w":
-        return "w"
-    raise ValidationError("access", f"must be 'r' or 'w', not {access!r}")
 
 
 def _retrieve(task: asyncio.Task[object]) -> None:
@@ -309,8 +299,9 @@ class LookupManager:
         watcher = _Watcher(callback)
         self._watchers.setdefault(key, []).append(watcher)
         if key not in self._tracked:
-            # Nothing known yet: due at once, so the poller fetches it without waiting.
-            self._schedule(key, self._clock() if key not in self._cache else self._next_due())
+            # Nothing known yet (only tracked keys are ever cached): due at once, so the
+            # poller fetches it without waiting.
+            self._schedule(key, self._clock())
         self._start_poller()
 
         def unwatch() -> None:
@@ -341,9 +332,7 @@ class LookupManager:
         """Every known lookupd's own answer, unmerged and uncached (after discovery): for
         tools that show where lookupds disagree. A lookupd that fails is reported, not
         raised; an unknown topic is an answer with ``topic_not_found``."""
-        self._check_open()
-        check_topic(topic)
-        access = _check_access(access)
+        topic, access = self._key(topic, access)
         await self._discover()
         targets = list(self._lookupds.values())
         answers = await asyncio.gather(*(self._lookup_one(t, topic, access) for t in targets))

@@ -48,10 +48,6 @@ class ConnectionPool:
         self._factory = factory or (lambda address, cfg: Connection(address, cfg))
         self._slots: dict[PoolKey, _Slot] = {}
         self._closed = False
-        self.connects = 0
-
-    def __len__(self) -> int:
-        return sum(1 for slot in self._slots.values() for conn in slot.connections if conn.is_open)
 
     def get_nowait(self, address: str, topic: str, partition: int | None) -> Connection | None:
         """An open connection for the key if the slot is full and healthy, else None (then
@@ -71,16 +67,14 @@ class ConnectionPool:
         """An open connection for the key (round-robin), connecting if needed."""
         if self._closed:
             raise ClientClosedError("the connection pool is closed")
+        conn = self.get_nowait(address, topic, partition)  # the common case: a full, healthy slot
+        if conn is not None:
+            return conn
         key = (address, topic, partition)
         slot = self._slots.get(key)
         if slot is None:
             slot = self._slots[key] = _Slot()
         conns = slot.connections
-        if len(conns) >= self.connections_per_key:  # the common case: a full, healthy slot
-            index = slot.next % len(conns)
-            slot.next = index + 1
-            if conns[index].is_open:
-                return conns[index]
         conns[:] = [c for c in conns if c.is_open]
         if slot.connecting is not None:
             if conns:
@@ -109,7 +103,6 @@ class ConnectionPool:
 
     async def _connect(self, address: str) -> Connection:
         conn = self._factory(address, self.config)
-        self.connects += 1
         await conn.connect()
         log.debug("connected to %s", address)
         return conn

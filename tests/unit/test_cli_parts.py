@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from smartnsq.cli import _positionals, main
-from smartnsq.cli._common import Progress
+from smartnsq.cli._common import Progress, dash, table
 from smartnsq.cli.demo import _Checker, _events, _trace_sample
 
 
@@ -57,6 +57,24 @@ def test_progress_is_silent_off_a_terminal() -> None:
     progress.clear()
     assert not progress.enabled
     assert stream.getvalue() == ""
+
+
+def test_dash_shows_none_as_a_dash() -> None:
+    assert [dash(None), dash(0), dash(12), dash("x")] == ["-", "0", "12", "x"]
+
+
+def test_table_aligns_columns_and_strips_trailing_blanks() -> None:
+    rows = [("0", "127.0.0.1:4150", "2"), ("10", "h:1", "")]
+    assert table(("PARTITION", "LEADER", "REPLICAS"), rows) == [
+        "  PARTITION  LEADER          REPLICAS",
+        "  0          127.0.0.1:4150  2",
+        "  10         h:1",
+    ]
+    assert table(("partition", "leader"), [("1", "node 2")], indent="") == [
+        "partition  leader",
+        "1          node 2",
+    ]
+    assert table(("a", "b"), []) == ["  a  b"]
 
 
 def test_extra_positionals() -> None:

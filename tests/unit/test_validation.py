@@ -1,13 +1,14 @@
 """Bad arguments raise a ValueError subclass naming the field, before anything is encoded."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import pytest
 
 from smartnsq.errors import NSQError, ValidationError
 from smartnsq.protocol import commands as c
 from smartnsq.protocol.identify import IdentifyRequest
-from smartnsq.protocol.validation import MAX_BODY_SIZE, MAX_MSG_SIZE, check_bodies
+from smartnsq.protocol.validation import MAX_BODY_SIZE, MAX_MSG_SIZE, check_bodies, encode_ext
 
 ID = bytes(16)
 
@@ -129,3 +130,70 @@ def test_pub_from_a_kept_head_is_the_same_frame() -> None:
     assert c.pub_with_head(c.pub_head("t"), b"x") == c.pub("t", b"x")
     with pytest.raises(ValidationError, match="topic"):
         c.pub_head("bad topic")
+
+
+@pytest.mark.parametrize("partition", [None, 0, 3])
+@pytest.mark.parametrize("bodies", [[b"x"], [b"one", b"two\n", bytes(300)], [b"y" * 70_000] * 3])
+def test_mpub_from_a_kept_head_is_the_same_frame(
+    partition: int | None, bodies: list[bytes]
+) -> None:
+    head = c.mpub_head("t", partition)
+    assert head == (b"MPUB t\n" if partition is None else b"MPUB t %d\n" % partition)
+    assert c.mpub_with_head(head, bodies) == c.mpub("t", bodies, partition)
+    assert c.mpub_with_head(head, bodies, 300_000) == c.mpub(
+        "t", bodies, partition, max_body_size=300_000
+    )
+
+
+@pytest.mark.parametrize("partition", [None, 0, 3])
+@pytest.mark.parametrize(
+    "exts",
+    [
+        [{"k": "v"}],
+        [None],
+        [b'{"a":1}', None, {"##trace_id": "7", "x": "\u00e9"}],
+        [None, None, {}],
+    ],
+)
+def test_mpub_ext_from_a_kept_head_and_encoded_exts_is_the_same_frame(
+    partition: int | None, exts: list[Mapping[str, Any] | bytes | None]
+) -> None:
+    bodies = [b"body-%d" % i for i in range(len(exts))]
+    raw = [None if e is None else encode_ext(e) for e in exts]
+    head = c.mpub_ext_head("t", partition)
+    assert head == (b"MPUB_EXT t\n" if partition is None else b"MPUB_EXT t %d\n" % partition)
+    expected = c.mpub_ext("t", bodies, exts, partition)
+    assert c.mpub_ext_with_head(head, bodies, raw) == expected
+
+
+def test_batch_heads_are_validated() -> None:
+    for make_head in (c.mpub_head, c.mpub_ext_head):
+        with pytest.raises(ValidationError, match="topic"):
+            make_head("bad topic")
+        with pytest.raises(ValidationError, match="partition"):
+            make_head("t", -1)
+
+
+def test_kept_head_batches_check_the_frame_size_as_the_validating_encoders() -> None:
+    bodies = [b"x" * 10] * 3  # 4 + 3 * (4 + 10) = 46 bytes on the wire
+    with pytest.raises(ValidationError) as validating:
+        c.mpub("t", bodies, max_body_size=45)
+    with pytest.raises(ValidationError) as kept:
+        c.mpub_with_head(c.mpub_head("t"), bodies, 45)
+    assert str(kept.value) == str(validating.value)
+    assert c.mpub_with_head(c.mpub_head("t"), bodies, 46) == c.mpub("t", bodies, max_body_size=46)
+
+    exts = [{"k": "v"}, None, None]  # the header's 2 + 9 bytes push the frame over
+    raw = [None if e is None else encode_ext(e) for e in exts]
+    with pytest.raises(ValidationError) as validating:
+        c.mpub_ext("t", bodies, exts, max_body_size=56)
+    with pytest.raises(ValidationError) as kept:
+        c.mpub_ext_with_head(c.mpub_ext_head("t"), bodies, raw, 56)
+    assert str(kept.value) == str(validating.value)
+
+
+def test_kept_head_mpub_ext_needs_one_header_per_body() -> None:
+    with pytest.raises(ValidationError, match="exts"):
+        c.mpub_ext_with_head(c.mpub_ext_head("t"), [b"a", b"b"], [None])
+    with pytest.raises(ValidationError, match="exts"):
+        c.mpub_ext_with_head(c.mpub_ext_head("t"), [b"a"], [None, None])
