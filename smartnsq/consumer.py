@@ -37,7 +37,7 @@ from smartnsq.errors import (
     UnsupportedFeatureError,
     ValidationError,
 )
-from smartnsq.flow.backoff import BackoffPolicy, requeue_delay
+from smartnsq.flow.backoff import BackoffPolicy, check_seconds, requeue_delay
 from smartnsq.flow.rdy import Outcome, RdyController
 from smartnsq.message import Message
 from smartnsq.payload import MARKER, decompress_payload
@@ -168,16 +168,14 @@ class Consumer:
     ) -> None:
         self.topic = check_topic(topic)
         self.channel = check_channel(channel)
-        if type(max_in_flight) is not int or max_in_flight < 0:
-            raise ValidationError("max_in_flight", "must be an int >= 0")
+        _check_max_in_flight(max_in_flight)
         if type(max_attempts) is not int or max_attempts < 1:
             raise ValidationError("max_attempts", "must be an int >= 1")
-        for name, value in (
-            ("requeue_delay", requeue_delay),
-            ("max_requeue_delay", max_requeue_delay),
-        ):
-            if not isinstance(value, (int, float)) or value < 0:
-                raise ValidationError(name, "must be >= 0 seconds")
+        # Checked here, not only when a failed message computes its delay (too late then).
+        self.requeue_delay = check_seconds("requeue_delay", requeue_delay, positive=False)
+        self.max_requeue_delay = check_seconds(
+            "max_requeue_delay", max_requeue_delay, positive=False
+        )
         if handler is not None and not callable(handler):
             raise ValidationError("handler", "must be a coroutine function or a function")
         if ordered and nsqd is not None:
@@ -197,8 +195,6 @@ class Consumer:
         self.handler = handler
         self.ordered = ordered
         self.max_attempts = max_attempts
-        self.requeue_delay = float(requeue_delay)
-        self.max_requeue_delay = float(max_requeue_delay)
         self.ordered_give_up = ordered_give_up
         self.raise_on_order_violation = raise_on_order_violation
         self.start_position = start
@@ -465,9 +461,7 @@ class Consumer:
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
         """Change the in-flight budget; 0 pauses consumption."""
-        if type(max_in_flight) is not int or max_in_flight < 0:
-            raise ValidationError("max_in_flight", "must be an int >= 0")
-        self._max_in_flight = max_in_flight
+        self._max_in_flight = _check_max_in_flight(max_in_flight)
         if self._controller is not None and self._state in ("started", "starting"):
             self._apply(self._controller.set_max_in_flight(max_in_flight))
             self._schedule_tick()
@@ -1138,6 +1132,12 @@ async def _finish_give_up(consumer: Consumer, message: Message, result: Awaitabl
     consumer._answer(message, commands.fin(message.id), "neutral", "finished")
     if consumer.ordered:
         consumer._next_ordered(message._sub, message)
+
+
+def _check_max_in_flight(value: int) -> int:
+    if type(value) is not int or value < 0:
+        raise ValidationError("max_in_flight", "must be an int >= 0")
+    return value
 
 
 def _is_coroutine_function(handler: Any) -> bool:
