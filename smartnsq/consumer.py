@@ -20,7 +20,7 @@ import os
 import time
 import warnings
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -37,7 +37,7 @@ from smartnsq.errors import (
     UnsupportedFeatureError,
     ValidationError,
 )
-from smartnsq.flow.backoff import BackoffPolicy, requeue_delay
+from smartnsq.flow.backoff import BackoffPolicy, check_seconds, requeue_delay
 from smartnsq.flow.rdy import Outcome, RdyController
 from smartnsq.message import Message
 from smartnsq.payload import MARKER, decompress_payload
@@ -61,6 +61,8 @@ log = logging.getLogger("smartnsq.consumer")
 Handler = Callable[[Message], Any]
 GivingUp = Callable[[Message], Any]
 _Key = tuple[str, "int | None"]
+# Called once a handler is over: (message, None) when it returned, (message, exc) if it raised.
+_Done = Callable[[Message, "BaseException | None"], None]
 
 
 @dataclass
@@ -168,16 +170,14 @@ class Consumer:
     ) -> None:
         self.topic = check_topic(topic)
         self.channel = check_channel(channel)
-        if type(max_in_flight) is not int or max_in_flight < 0:
-            raise ValidationError("max_in_flight", "must be an int >= 0")
+        _check_max_in_flight(max_in_flight)
         if type(max_attempts) is not int or max_attempts < 1:
             raise ValidationError("max_attempts", "must be an int >= 1")
-        for name, value in (
-            ("requeue_delay", requeue_delay),
-            ("max_requeue_delay", max_requeue_delay),
-        ):
-            if not isinstance(value, (int, float)) or value < 0:
-                raise ValidationError(name, "must be >= 0 seconds")
+        # Checked here, not only when a failed message computes its delay (too late then).
+        self.requeue_delay = check_seconds("requeue_delay", requeue_delay, positive=False)
+        self.max_requeue_delay = check_seconds(
+            "max_requeue_delay", max_requeue_delay, positive=False
+        )
         if handler is not None and not callable(handler):
             raise ValidationError("handler", "must be a coroutine function or a function")
         if ordered and nsqd is not None:
@@ -197,8 +197,6 @@ class Consumer:
         self.handler = handler
         self.ordered = ordered
         self.max_attempts = max_attempts
-        self.requeue_delay = float(requeue_delay)
-        self.max_requeue_delay = float(max_requeue_delay)
         self.ordered_give_up = ordered_give_up
         self.raise_on_order_violation = raise_on_order_violation
         self.start_position = start
@@ -231,7 +229,7 @@ class Consumer:
         self._max_in_flight = max_in_flight
         self._low_rdy = (low_rdy_idle_timeout, low_rdy_timeout)
         self._handler_threads = handler_threads
-        self._is_coroutine = handler is not None and _is_coroutine_function(handler)
+        self._is_coroutine = handler is not None and is_coroutine_function(handler)
         self._stats = ConsumerStats()
         self._subs: dict[_Key, _Subscription] = {}
         self._connecting: dict[_Key, asyncio.Task[None]] = {}
@@ -452,9 +450,16 @@ class Consumer:
         self._fatal = error
         log.error("consumer %s/%s stops: %s", self.topic, self.channel, error)
         if self._state == "started" and self._loop is not None:
-            task = self._loop.create_task(self.close(timeout=5.0))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self.close(timeout=5.0))
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coro`` as one of the consumer's tasks: kept referenced until done, cancelled
+        and awaited by the shutdown. (_dispatch registers a suspended handler's task
+        inline, the same way: that is per message.)"""
+        task = asyncio.ensure_future(coro)
+        tasks = self._tasks
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
     # ------------------------------------------------------------------ flow control API
 
@@ -465,9 +470,7 @@ class Consumer:
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
         """Change the in-flight budget; 0 pauses consumption."""
-        if type(max_in_flight) is not int or max_in_flight < 0:
-            raise ValidationError("max_in_flight", "must be an int >= 0")
-        self._max_in_flight = max_in_flight
+        self._max_in_flight = _check_max_in_flight(max_in_flight)
         if self._controller is not None and self._state in ("started", "starting"):
             self._apply(self._controller.set_max_in_flight(max_in_flight))
             self._schedule_tick()
@@ -511,8 +514,7 @@ class Consumer:
     # ------------------------------------------------------------------ discovery
 
     def _on_layout(self, layout: TopicLayout) -> None:
-        if self._wake is not None:
-            self._wake.set()
+        self._wake_up()
 
     async def _desired(self) -> set[_Key]:
         if self._lookup is None:
@@ -589,8 +591,11 @@ class Consumer:
             except asyncio.TimeoutError:
                 pass
 
-    def _request_refresh(self) -> None:
-        self._force_refresh = True
+    def _wake_up(self, *, refresh: bool = False) -> None:
+        """Make the supervisor reconcile now; ``refresh``: with the layout read again from
+        nsqlookupd rather than the lookup manager's cache."""
+        if refresh:
+            self._force_refresh = True
         if self._wake is not None:
             self._wake.set()
 
@@ -674,16 +679,22 @@ class Consumer:
             # channel, bad credentials...): retrying cannot help.
             self._fail(exc)
             return
+        failures = self._count_failure(key, first_at_once=False)
+        log.warning("%s: subscribing to %s failed (%s); retrying", self.topic, key[0], exc)
+        # The layout may be stale (a moved leader): read it again from nsqlookupd when nsqd
+        # says so or when subscribing keeps failing.
+        self._wake_up(
+            refresh=self._lookup is not None and (needs_lookup_refresh(exc) or failures > 1)
+        )
+
+    def _count_failure(self, key: _Key, *, first_at_once: bool) -> int:
+        """One more failure in a row for ``key`` (reset once it subscribes): the next attempt
+        waits the reconnect backoff, except the first one with ``first_at_once``."""
         failures = self._failures.get(key, 0) + 1
         self._failures[key] = failures
-        loop = self._loop
-        if loop is not None:
-            self._retry_at[key] = loop.time() + self.reconnect_backoff.delay(failures)
-        log.warning("%s: subscribing to %s failed (%s); retrying", self.topic, key[0], exc)
-        if self._lookup is not None and (needs_lookup_refresh(exc) or failures > 1):
-            self._request_refresh()
-        elif self._wake is not None:
-            self._wake.set()
+        if self._loop is not None and (failures > 1 or not first_at_once):
+            self._retry_at[key] = self._loop.time() + self.reconnect_backoff.delay(failures)
+        return failures
 
     def _on_close(self, sub: _Subscription, conn: Connection, exc: BaseException | None) -> None:
         if self._subs.get(sub.key) is sub:
@@ -708,14 +719,9 @@ class Consumer:
         if isinstance(exc, ServerError) and not exc.retriable:
             self._fail(exc)
             return
-        failures = self._failures.get(sub.key, 0) + 1
-        self._failures[sub.key] = failures
-        if self._loop is not None and failures > 1:
-            self._retry_at[sub.key] = self._loop.time() + self.reconnect_backoff.delay(failures)
-        if self._lookup is not None:
-            self._request_refresh()
-        elif self._wake is not None:
-            self._wake.set()
+        # A connection that was working is retried at once; one that keeps dropping backs off.
+        self._count_failure(sub.key, first_at_once=True)
+        self._wake_up(refresh=self._lookup is not None)
 
     def _retire(self, sub: _Subscription) -> None:
         sub.closing = True
@@ -723,10 +729,12 @@ class Consumer:
             sub.conn.send(commands.rdy(0))
         if self._controller is not None:
             self._apply(self._controller.remove_connection(sub))
-        if sub.in_flight == 0:
-            task = asyncio.ensure_future(sub.conn.close())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        self._close_if_drained(sub)
+
+    def _close_if_drained(self, sub: _Subscription) -> None:
+        """A retired subscription closes once its last in-flight message is answered."""
+        if sub.closing and sub.in_flight == 0:
+            self._spawn(sub.conn.close())
 
     def _on_server_error(self, conn: Connection, error: ServerError) -> None:
         # E_FIN_FAILED & co: the message timed out or was already answered; nsqd will
@@ -780,7 +788,6 @@ class Consumer:
             message.body = decompress_payload(message.body, ext)
         except NSQError as exc:
             log.error("%s: cannot decompress message %s: %s", self.topic, message.id.hex(), exc)
-            message.ext = ext
 
     def _check_order(self, sub: _Subscription, message: Message) -> bool:
         """Per partition, internal id and queue offset never go backwards (a redelivery of
@@ -808,40 +815,53 @@ class Consumer:
 
     def _dispatch(self, message: Message) -> None:
         handler = self.handler
-        if handler is not None and self._telemetry.enabled:
-            self._dispatch_observed(message, handler)
-            return
         if handler is None:
             self._inbox.append(message)
             waiter = self._inbox_waiter
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
             return
-        if self._is_coroutine:
-            try:
-                coro = handler(message)
-            except Exception as exc:  # noqa: BLE001 - creating the coroutine is the handler's failure
-                self._handled(message, exc)
-                return
-            task = run_eager(coro, self._handled, message)
-            if task is not None:
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-            return
-        if self._executor is None or self._loop is None:
-            return
-        future = self._loop.run_in_executor(self._executor, handler, message)
-        future.add_done_callback(functools.partial(self._thread_done, message))
+        observed = self._telemetry.enabled
+        if observed:
+            done, token = self._observe(message)
+        else:
+            done, token = self._handled, None
+        try:
+            if self._is_coroutine:
+                try:
+                    coro = handler(message)
+                except Exception as exc:  # noqa: BLE001 - creating the coroutine is the handler's failure
+                    done(message, exc)
+                    return
+                task = run_eager(coro, done, message)
+                if task is not None:  # it suspended: what _spawn does, without a call
+                    tasks = self._tasks
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+            elif self._executor is not None and self._loop is not None:
+                if observed:  # the handler's thread sees the process span as current too
+                    run = contextvars.copy_context().run
+                    future = self._loop.run_in_executor(self._executor, run, handler, message)
+                else:
+                    future = self._loop.run_in_executor(self._executor, handler, message)
+                future.add_done_callback(functools.partial(_thread_done, done, message))
+        finally:
+            if token is not None:
+                Telemetry.detach(token)
 
-    def _dispatch_observed(self, message: Message, handler: Handler) -> None:
-        """_dispatch with a ``process`` span (current while the handler runs, continuing the
-        producer's trace on ext topics) and the handler duration metric."""
+    def _observe(self, message: Message) -> tuple[_Done, object | None]:
+        """Telemetry for _dispatch: start the ``process`` span (continuing the producer's
+        trace on ext topics) and make it current; returns what to call instead of _handled
+        (it also records the handler duration and ends the span) and the token to detach
+        once the handler has started."""
         telemetry = self._telemetry
         sub = message._sub
         started = time.perf_counter()
         opened = telemetry.start_process(self.topic, self.channel, message.ext)
-        span = opened[0] if opened is not None else None
-        if span is not None:
+        if opened is None:
+            span, token = None, None
+        else:
+            span, token = opened
             if sub.partition is not None:
                 span.set_attribute("messaging.destination.partition.id", str(sub.partition))
             span.set_attribute("messaging.message.id", message.id.hex())
@@ -849,7 +869,7 @@ class Consumer:
             for key, value in server_attributes(sub.address).items():
                 span.set_attribute(key, value)
 
-        def done(exc: BaseException | None) -> None:
+        def done(message: Message, exc: BaseException | None) -> None:
             telemetry.handler_duration(time.perf_counter() - started, self._metric_attributes)
             if span is not None:
                 if exc is not None and not isinstance(exc, asyncio.CancelledError):
@@ -857,32 +877,7 @@ class Consumer:
                 span.end()
             self._handled(message, exc)
 
-        try:
-            if self._is_coroutine:
-                try:
-                    coro = handler(message)
-                except Exception as exc:  # noqa: BLE001 - creating the coroutine failed
-                    done(exc)
-                    return
-                task = run_eager(coro, lambda _message, exc: done(exc), message)
-                if task is not None:
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
-            elif self._executor is not None and self._loop is not None:
-                context = contextvars.copy_context()
-                future = self._loop.run_in_executor(self._executor, context.run, handler, message)
-                future.add_done_callback(
-                    lambda f: done(asyncio.CancelledError() if f.cancelled() else f.exception())
-                )
-        finally:
-            if opened is not None:
-                Telemetry.detach(opened[1])
-
-    def _thread_done(self, message: Message, future: asyncio.Future[Any]) -> None:
-        if future.cancelled():
-            self._handled(message, asyncio.CancelledError())
-        else:
-            self._handled(message, future.exception())
+        return done, token
 
     def _handled(self, message: Message, exc: BaseException | None) -> None:
         """The handler returned (exc None) or raised."""
@@ -941,24 +936,36 @@ class Consumer:
             message.id.hex(),
             message.attempts,
         )
-        if self.dead_letter_path is not None:
-            self._dead_letter(message)
+        path = self.dead_letter_path
+        if path is not None:
+            self._dead_letter(message, path)
         callback = self.on_giving_up
         if callback is not None:
             try:
                 result = callback(message)
                 if inspect.isawaitable(result):
-                    task = asyncio.ensure_future(_finish_give_up(self, message, result))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
+                    self._spawn(self._given_up_after(message, result))
                     return
             except Exception:
                 log.exception("%s: on_giving_up failed", self.topic)
+        self._given_up(message)
+
+    async def _given_up_after(self, message: Message, result: Awaitable[Any]) -> None:
+        """``on_giving_up`` returned an awaitable: FIN once it is over."""
+        try:
+            await result
+        except Exception:
+            log.exception("%s: on_giving_up failed", self.topic)
+        self._given_up(message)
+
+    def _given_up(self, message: Message) -> None:
+        """FIN a message given up on (neutral for the backoff) and, in ordered mode, let
+        its partition move on."""
         self._answer(message, commands.fin(message.id), "neutral", "finished")
         if self.ordered:
             self._next_ordered(message._sub, message)
 
-    def _dead_letter(self, message: Message) -> None:
+    def _dead_letter(self, message: Message, path: Path) -> None:
         record = {
             "topic": message.topic,
             "channel": message.channel,
@@ -972,9 +979,6 @@ class Consumer:
             "body": message.body.decode("utf-8", "backslashreplace"),
             "given_up_at": time.time(),
         }
-        path = self.dead_letter_path
-        if path is None:
-            return
         try:
             with path.open("a", encoding="utf-8") as out:
                 out.write(json.dumps(record) + "\n")
@@ -1043,10 +1047,7 @@ class Consumer:
             self._after_answer(sub)
 
     def _after_answer(self, sub: _Subscription) -> None:
-        if sub.closing and sub.in_flight == 0:
-            task = asyncio.ensure_future(sub.conn.close())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        self._close_if_drained(sub)
         if self._state == "closing":
             self._check_drained()
 
@@ -1075,9 +1076,7 @@ class Consumer:
         outcome: Outcome = "failure" if backoff else "neutral"
         if self.ordered and delay > 0:
             message.waiting = True
-            task = asyncio.ensure_future(self._requeue_ordered(message, delay, outcome))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._requeue_ordered(message, delay, outcome))
             return
         self._answer(message, commands.req(message.id, round(delay * 1000)), outcome, "requeued")
 
@@ -1130,17 +1129,19 @@ class Consumer:
             self._inbox_waiter = None
 
 
-async def _finish_give_up(consumer: Consumer, message: Message, result: Awaitable[Any]) -> None:
-    try:
-        await result
-    except Exception:
-        log.exception("%s: on_giving_up failed", consumer.topic)
-    consumer._answer(message, commands.fin(message.id), "neutral", "finished")
-    if consumer.ordered:
-        consumer._next_ordered(message._sub, message)
+def _thread_done(done: _Done, message: Message, future: asyncio.Future[Any]) -> None:
+    """A handler run in a thread is over: ``done(message, exc)``."""
+    done(message, asyncio.CancelledError() if future.cancelled() else future.exception())
 
 
-def _is_coroutine_function(handler: Any) -> bool:
+def _check_max_in_flight(value: int) -> int:
+    if type(value) is not int or value < 0:
+        raise ValidationError("max_in_flight", "must be an int >= 0")
+    return value
+
+
+def is_coroutine_function(handler: Any) -> bool:
+    """A coroutine function, or an object whose ``__call__`` is one."""
     if inspect.iscoroutinefunction(handler):
         return True
     call = getattr(handler, "__call__", None)  # noqa: B004 - callable objects with async __call__

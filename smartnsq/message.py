@@ -69,10 +69,6 @@ class Message(MessageFrame):
         self._ext = ext
         return ext
 
-    @ext.setter
-    def ext(self, value: dict[str, Any] | None) -> None:
-        self._ext = value
-
     @property
     def tag(self) -> str | None:
         """The dispatch tag (``##client_dispatch_tag``, or a legacy tag ext), if any."""

@@ -37,7 +37,7 @@ from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from smartnsq.consumer import Consumer as AsyncConsumer
-from smartnsq.consumer import ConsumerStats
+from smartnsq.consumer import ConsumerStats, is_coroutine_function
 from smartnsq.errors import ClientClosedError, ForkedClientError, NSQTimeoutError
 from smartnsq.message import Message as AsyncMessage
 from smartnsq.producer import Producer as AsyncProducer
@@ -66,25 +66,14 @@ _DRAIN_TIMEOUT: float = inspect.signature(AsyncConsumer.close).parameters["timeo
 
 
 def _same_arguments(
-    init: Callable[Concatenate[Any, P], None],
-) -> Callable[[Callable[..., None]], Callable[Concatenate[Any, P], None]]:
-    """Give a forwarding ``__init__`` the async client's signature (for type checkers and
-    ``help()``) without a hand-maintained copy of it."""
+    method: Callable[Concatenate[Any, P], Any],
+) -> Callable[[Callable[..., R]], Callable[Concatenate[Any, P], R]]:
+    """Give a forwarding method the parameters of the async client's ``method`` (for type
+    checkers and ``help()``) without a hand-maintained copy of them. The return type is the
+    forward's own: for a blocking twin, the coroutine's result (mypy checks it, as the forward
+    returns what :meth:`_LoopThread.run` gives)."""
 
-    def decorate(forward: Callable[..., None]) -> Callable[Concatenate[Any, P], None]:
-        forward.__signature__ = inspect.signature(init)  # type: ignore[attr-defined]
-        return forward
-
-    return decorate
-
-
-def _blocking(
-    method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
-) -> Callable[[Callable[..., Any]], Callable[Concatenate[Any, P], R]]:
-    """Type a forwarding method as the blocking twin of the async ``method``: same
-    parameters, the coroutine's result as return type."""
-
-    def decorate(forward: Callable[..., Any]) -> Callable[Concatenate[Any, P], R]:
+    def decorate(forward: Callable[..., R]) -> Callable[Concatenate[Any, P], R]:
         forward.__signature__ = inspect.signature(method)  # type: ignore[attr-defined]
         return forward
 
@@ -184,11 +173,7 @@ class _LoopThread:
         """Run a plain function on the loop (directly when already there: it cannot block)."""
         if self.in_loop_thread():
             return fn()
-
-        async def invoke() -> T:
-            return fn()
-
-        return self.run(invoke(), _GRACE, what)
+        return self.run(_call(fn), _GRACE, what)
 
     def stop(self, timeout: float) -> bool:
         """Stop the loop (cancelling whatever still runs on it) and join its thread. True
@@ -249,6 +234,7 @@ async def _close_then_stop(closing: Callable[[], Awaitable[Any]]) -> None:
 
 
 async def _call(fn: Callable[[], T]) -> T:
+    """``fn()`` as a coroutine, to run it on the loop."""
     return fn()
 
 
@@ -390,16 +376,16 @@ class Producer(_Client):
         self._mark_started()
         return self
 
-    @_blocking(AsyncProducer.publish)
-    def publish(self, *args: Any, **kwargs: Any) -> Any:
+    @_same_arguments(AsyncProducer.publish)
+    def publish(self, *args: Any, **kwargs: Any) -> PublishResult:
         """Blocking :meth:`smartnsq.Producer.publish`."""
         self._check("publish")
         self._mark_started()  # the async producer starts itself on first use
         bound = self._bound(kwargs.get("timeout"))
         return self._runner.run(self._producer.publish(*args, **kwargs), bound, "publish()")
 
-    @_blocking(AsyncProducer.publish_many)
-    def publish_many(self, *args: Any, **kwargs: Any) -> Any:
+    @_same_arguments(AsyncProducer.publish_many)
+    def publish_many(self, *args: Any, **kwargs: Any) -> list[PublishResult]:
         """Blocking :meth:`smartnsq.Producer.publish_many`."""
         self._check("publish_many")
         self._mark_started()
@@ -640,17 +626,10 @@ async def _next_message(consumer: AsyncConsumer, lock: asyncio.Lock) -> AsyncMes
             return None
 
 
-def _is_async_callable(fn: object) -> bool:
-    if inspect.iscoroutinefunction(fn):
-        return True
-    call = getattr(fn, "__call__", None)  # noqa: B004 - objects with an async __call__
-    return call is not None and inspect.iscoroutinefunction(call)
-
-
 def _adapt(fn: Any, runner: _LoopThread, *, is_handler: bool) -> Any:
     """Plain callables get the blocking Message; coroutine functions (and anything that is
     not callable, which the async consumer rejects itself) are passed through."""
-    if fn is None or not callable(fn) or _is_async_callable(fn):
+    if fn is None or not callable(fn) or is_coroutine_function(fn):
         return fn
 
     def with_blocking_message(message: AsyncMessage) -> Any:
@@ -745,20 +724,20 @@ class Message:
         """Whether it has been answered (finished or requeued)."""
         return self._message.responded
 
-    @_blocking(AsyncMessage.finish)
-    def finish(self, *args: Any, **kwargs: Any) -> Any:
+    @_same_arguments(AsyncMessage.finish)
+    def finish(self, *args: Any, **kwargs: Any) -> None:
         """Blocking :meth:`smartnsq.Message.finish` (FIN)."""
         self._runner.check("Message.finish()")
         return self._runner.run(self._message.finish(*args, **kwargs), _GRACE, "finish()")
 
-    @_blocking(AsyncMessage.requeue)
-    def requeue(self, *args: Any, **kwargs: Any) -> Any:
+    @_same_arguments(AsyncMessage.requeue)
+    def requeue(self, *args: Any, **kwargs: Any) -> None:
         """Blocking :meth:`smartnsq.Message.requeue` (REQ)."""
         self._runner.check("Message.requeue()")
         return self._runner.run(self._message.requeue(*args, **kwargs), _GRACE, "requeue()")
 
-    @_blocking(AsyncMessage.touch)
-    def touch(self, *args: Any, **kwargs: Any) -> Any:
+    @_same_arguments(AsyncMessage.touch)
+    def touch(self, *args: Any, **kwargs: Any) -> None:
         """Blocking :meth:`smartnsq.Message.touch` (TOUCH)."""
         self._runner.check("Message.touch()")
         return self._runner.run(self._message.touch(*args, **kwargs), _GRACE, "touch()")

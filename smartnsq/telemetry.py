@@ -57,7 +57,6 @@ class Telemetry:
         tracer_provider: Any = None,
         meter_provider: Any = None,
     ) -> None:
-        self.component = component
         self.tracing = _tracing_configured(tracer_provider)
         self.metering = _metrics_configured(meter_provider)
         self.enabled = self.tracing or self.metering

@@ -23,7 +23,8 @@ BackoffStrategy = Literal["exponential", "full_jitter"]
 _STRATEGIES = ("exponential", "full_jitter")
 
 
-def _check_seconds(field: str, value: object, *, positive: bool) -> float:
+def check_seconds(field: str, value: object, *, positive: bool) -> float:
+    """A duration argument: an int or float (not bool), finite, >= 0 (> 0 if ``positive``)."""
     if type(value) is not float and type(value) is not int:
         raise ValidationError(field, f"must be a number of seconds, not {type(value).__name__}")
     if not math.isfinite(value):
@@ -51,8 +52,8 @@ class BackoffPolicy:
     enabled: bool = True
 
     def __post_init__(self) -> None:
-        _check_seconds("multiplier", self.multiplier, positive=True)
-        _check_seconds("max_delay", self.max_delay, positive=True)
+        check_seconds("multiplier", self.multiplier, positive=True)
+        check_seconds("max_delay", self.max_delay, positive=True)
         if self.multiplier > self.max_delay:
             raise ValidationError(
                 "multiplier",
@@ -108,6 +109,6 @@ def requeue_delay(attempts: int, base: float, maximum: float) -> float:
         raise ValidationError("attempts", f"must be an int, not {type(attempts).__name__}")
     if attempts < 0:
         raise ValidationError("attempts", f"must be >= 0, got {attempts}")
-    base = _check_seconds("base", base, positive=False)
-    maximum = _check_seconds("maximum", maximum, positive=False)
+    base = check_seconds("base", base, positive=False)
+    maximum = check_seconds("maximum", maximum, positive=False)
     return min(base * attempts, maximum)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable
-from typing import Generic, Literal, TypeVar
+from typing import Generic, Literal, TypeVar, cast
 
 from smartnsq.errors import ValidationError
 from smartnsq.flow.backoff import BackoffPolicy
@@ -79,6 +79,11 @@ class _Conn(Generic[K]):
 
     def idle_since(self) -> float:
         return self.last_message if self.last_message > self.since else self.since
+
+    def slot_expiry(self, idle: float, busy: float) -> float:
+        """When a holder's RDY slot goes to a waiting connection: ``busy`` seconds after it
+        got the slot, or ``idle`` seconds without a message, whichever comes first."""
+        return min(self.since + busy, self.idle_since() + idle)
 
 
 class RdyController(Generic[K]):
@@ -210,7 +215,7 @@ class RdyController(Generic[K]):
         deadline = math.inf
         for conn in self._conns.values():
             if conn.holder:
-                deadline = min(deadline, conn.since + busy, conn.idle_since() + idle)
+                deadline = min(deadline, conn.slot_expiry(idle, busy))
         return None if deadline == math.inf else deadline
 
     # ------------------------------------------------------------------ events
@@ -339,7 +344,7 @@ class RdyController(Generic[K]):
         waiting: list[tuple[float, int, _Conn[K]]] = []
         for conn in self._conns.values():
             if conn.holder:
-                due = min(conn.since + busy, conn.idle_since() + idle)
+                due = conn.slot_expiry(idle, busy)
                 if now >= due:
                     expired.append((due, conn.order, conn))
             else:
@@ -375,9 +380,8 @@ class RdyController(Generic[K]):
             self._starved += 1 if starved else -1
 
     def _open_window(self) -> list[tuple[K, int]]:
-        policy = self._backoff
-        if policy is None:  # unreachable: only a counted failure starts backing off
-            return []
+        # Only a failure counted under a policy raises the level, so a policy is set here.
+        policy = cast(BackoffPolicy, self._backoff)
         now = self._clock()
         self._window_end = now + policy.delay(self._level, self._rand)
         self._testing = False

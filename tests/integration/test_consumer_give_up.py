@@ -1,0 +1,102 @@
+"""Giving up on a message whose on_giving_up callback returns an awaitable: the FIN waits
+for it, and in ordered mode so does the rest of the partition."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from smartnsq.consumer import Consumer
+from smartnsq.message import Message
+from smartnsq.producer import Producer
+from smartnsq.retry import Backoff
+from smartnsq.testing import Cluster
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[Cluster]:
+    async with Cluster(nodes=1) as c:
+        await c.create_topic("events", 1, 1, channels=["c"])
+        await c.create_topic("ordered", 1, 1, ordered=True, channels=["c"])
+        yield c
+
+
+def _consumer(cluster: Cluster, topic: str, **kwargs: Any) -> Consumer:
+    return Consumer(
+        topic,
+        "c",
+        lookupd=[cluster.lookupd_url],
+        reconnect_backoff=Backoff(initial=0.01, maximum=0.05),
+        requeue_delay=0.0,
+        backoff=False,
+        max_in_flight=4,
+        **kwargs,
+    )
+
+
+async def _publish(cluster: Cluster, topic: str, *bodies: bytes) -> None:
+    async with Producer(lookupd=[cluster.lookupd_url]) as producer:
+        for body in bodies:
+            await producer.publish(topic, body, partition=0)
+
+
+async def test_awaitable_on_giving_up_is_awaited_before_the_fin(cluster: Cluster) -> None:
+    release = asyncio.Event()
+    given_up: list[int] = []
+
+    async def handle(message: Message) -> None:
+        raise ValueError("poison")
+
+    async def give_up(message: Message) -> None:
+        given_up.append(message.attempts)
+        await release.wait()
+
+    async with _consumer(
+        cluster, "events", handler=handle, max_attempts=1, on_giving_up=give_up
+    ) as consumer:
+        await _publish(cluster, "events", b"poison")
+        await cluster.wait_for(lambda: bool(given_up))
+        await asyncio.sleep(0.05)
+        assert cluster.unfinished("events", "c") == 1  # still in flight: not answered yet
+        assert consumer.stats().finished == 0
+        release.set()
+        await cluster.wait_for(lambda: cluster.unfinished("events", "c") == 0)
+        stats = consumer.stats()
+    assert given_up == [2]  # the failed first delivery was requeued, the second given up
+    assert (stats.given_up, stats.finished, stats.requeued) == (1, 1, 1)
+    assert len(cluster.channel_record("events", "c").finished) == 1
+
+
+async def test_ordered_partition_waits_for_an_awaitable_on_giving_up(cluster: Cluster) -> None:
+    release = asyncio.Event()
+    handled: list[bytes] = []
+
+    async def handle(message: Message) -> None:
+        handled.append(message.body)
+        if message.body == b"poison":
+            raise ValueError("poison")
+
+    async def give_up(message: Message) -> None:
+        await release.wait()
+
+    async with _consumer(
+        cluster,
+        "ordered",
+        handler=handle,
+        ordered=True,
+        ordered_give_up=True,
+        max_attempts=1,
+        on_giving_up=give_up,
+    ) as consumer:
+        await _publish(cluster, "ordered", b"poison", b"next")
+        await cluster.wait_for(lambda: handled == [b"poison"])
+        await asyncio.sleep(0.05)
+        assert handled == [b"poison"]  # the partition is blocked behind the give-up
+        release.set()
+        await cluster.wait_for(lambda: cluster.unfinished("ordered", "c") == 0)
+        stats = consumer.stats()
+    assert handled == [b"poison", b"next"]
+    assert (stats.given_up, stats.finished, stats.requeued) == (1, 2, 0)
