@@ -9,7 +9,6 @@ the channels it subscribes to. Nothing of the client's transport is used here.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import ssl
@@ -35,6 +34,7 @@ from smartnsq.protocol.server import (
     split_mpub,
 )
 from smartnsq.protocol.validation import UINT64_MAX
+from smartnsq.testing.publish import go_atoi, valid_name
 from smartnsq.testing.state import Channel, Delivery, Partition, PartitionLog, Topic
 
 if TYPE_CHECKING:
@@ -47,7 +47,6 @@ log = logging.getLogger("smartnsq.testing.nsqd")
 YOUZAN_VERSION = "0.3.7-HA.1.13.0"
 CLASSIC_VERSION = "1.3.0"
 _READ_SIZE = 64 * 1024
-_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 _OK_FRAME = encode_response(OK)  # the answer to nearly every PUB
 # The head of a message frame: size, frame type, timestamp, attempts.
 _pack_plain_head = struct.Struct(">iiqH").pack
@@ -100,20 +99,6 @@ class ClientError(Exception):
 def _go_bytes(data: bytes) -> str:
     """Go's ``%v`` of a []byte, as youzan nsqd prints ids and params in errors."""
     return "[" + " ".join(str(b) for b in data) + "]"
-
-
-@functools.lru_cache(maxsize=4096)  # checked on every PUB; a client uses few names
-def _valid_name(name: str) -> bool:
-    base = name[: -len("#ephemeral")] if name.endswith("#ephemeral") else name
-    return 1 <= len(name) <= 64 and bool(base) and set(base) <= _NAME_CHARS
-
-
-def _atoi(text: str) -> int:
-    digits = text[1:] if text[:1] in "+-" else text
-    # isdigit() alone would take other scripts' digits; isascii() keeps it to 0-9.
-    if not (digits.isascii() and digits.isdigit()):
-        raise ValueError(f'strconv.Atoi: parsing "{text}": invalid syntax')
-    return int(text)
 
 
 class NsqdNode:
@@ -588,9 +573,9 @@ class ClientSession(asyncio.BufferedProtocol):
             raise ClientError("E_INVALID", f"{kind} insufficient number of parameters")
         self._need_auth(kind)
         topic_name, channel_name = params[0], params[1]
-        if not _valid_name(topic_name):
+        if not valid_name(topic_name):
             raise ClientError("E_BAD_TOPIC", f'{kind} topic name "{topic_name}" is not valid')
-        if not _valid_name(channel_name):
+        if not valid_name(channel_name):
             raise ClientError("E_BAD_CHANNEL", f'{kind} channel name "{channel_name}" is not valid')
         if not self.settings.youzan:
             log_ = self.cluster.classic_topic(self.node, topic_name)
@@ -668,7 +653,7 @@ class ClientSession(asyncio.BufferedProtocol):
         partition_id = -1
         if partition_text is not None:
             try:
-                partition_id = _atoi(partition_text)
+                partition_id = go_atoi(partition_text)
             except ValueError as exc:
                 raise ClientError(
                     "E_BAD_PARTITION", f"topic partition is not valid: {exc}"
@@ -701,7 +686,7 @@ class ClientSession(asyncio.BufferedProtocol):
             raise ClientError("E_INVALID", f"{kind} insufficient number of parameters")
         self._need_auth(kind)
         topic_name = params[0].decode("utf-8", "replace")
-        if not _valid_name(topic_name):
+        if not valid_name(topic_name):
             raise ClientError("E_BAD_TOPIC", f'{kind} topic name "{topic_name}" is not valid')
         if not self.settings.youzan:
             return self.cluster.classic_topic(self.node, topic_name), None
@@ -737,7 +722,7 @@ class ClientSession(asyncio.BufferedProtocol):
         if len(params) < 2:
             raise ClientError("E_INVALID", "DPUB insufficient number of parameters")
         try:
-            delay_ms = _atoi(params[1].decode("utf-8", "replace"))
+            delay_ms = go_atoi(params[1].decode("utf-8", "replace"))
         except ValueError:
             raise ClientError("E_INVALID", "DPUB could not parse timeout") from None
         max_ms = 3600 * 1000
@@ -894,7 +879,7 @@ class ClientSession(asyncio.BufferedProtocol):
             raise ClientError("E_INVALID", "cannot RDY in current state")
         text = command.params[0].decode("utf-8", "replace") if command.params else ""
         try:
-            count = _atoi(text)
+            count = go_atoi(text)
         except ValueError:
             raise ClientError("E_INVALID", f"RDY could not parse count {text}") from None
         if not 0 <= count <= self.settings.max_rdy_count:
@@ -963,7 +948,7 @@ class ClientSession(asyncio.BufferedProtocol):
         channel = self._check_leader("REQ")
         text = command.params[1].decode("utf-8", "replace") if len(command.params) > 1 else ""
         try:
-            timeout_ms = _atoi(text)
+            timeout_ms = go_atoi(text)
         except ValueError:
             raise ClientError("E_INVALID", f"REQ could not parse timeout {text}") from None
         max_ms = int(self.settings.max_req_timeout * 1000)
