@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from smartnsq.errors import ProtocolError
 from smartnsq.protocol.compression import DeflateCodec, SnappyCodec, StreamCodec
 from smartnsq.protocol.identify import IdentifyResponse
-from smartnsq.protocol.message import EXT_VERSION_JSON, encode_message_frame
+from smartnsq.protocol.message import encode_message_frame
 from smartnsq.protocol.responses import CLOSE_WAIT, HEARTBEAT, OK, AuthResponse, TraceReceipt
 from smartnsq.protocol.server import (
     CLASSIC_BODY_COMMANDS,
@@ -33,8 +33,17 @@ from smartnsq.protocol.server import (
     encode_response,
     split_mpub,
 )
-from smartnsq.protocol.validation import UINT64_MAX
-from smartnsq.testing.publish import go_atoi, valid_name
+from smartnsq.protocol.validation import TRACE_ID_KEY
+from smartnsq.testing.publish import (
+    PublishError,
+    append_message,
+    check_leader,
+    check_writable,
+    go_atoi,
+    header_trace_id,
+    resolve_partition,
+    valid_name,
+)
 from smartnsq.testing.state import Channel, Delivery, Partition, PartitionLog, Topic
 
 if TYPE_CHECKING:
@@ -96,9 +105,24 @@ class ClientError(Exception):
         return f"{self.code} {self.description}"
 
 
+# An ext element of PUB_EXT/MPUB_EXT: raw header, header, payload, trace id text and value.
+_ExtElement = tuple[bytes, "dict[str, Any] | None", bytes, "str | None", int]
+
+
 def _go_bytes(data: bytes) -> str:
     """Go's ``%v`` of a []byte, as youzan nsqd prints ids and params in errors."""
     return "[" + " ".join(str(b) for b in data) + "]"
+
+
+def _refused(exc: PublishError, *, fatal: bool = True) -> ClientError:
+    """A refusal by a shared publishing rule as an error frame: the same code and text."""
+    return ClientError(exc.code, exc.description, fatal=fatal)
+
+
+def _ext_not_supported(topic: Topic) -> ClientError:
+    return ClientError(
+        "E_EXT_NOT_SUPPORT", f"ext content not supported in topic {topic.name}", fatal=False
+    )
 
 
 class NsqdNode:
@@ -583,8 +607,10 @@ class ClientSession(asyncio.BufferedProtocol):
             return self._join(channel, detail=False, ext=False)
 
         topic, partition = self._resolve(kind, topic_name, params[2] if len(params) > 2 else None)
-        if partition.leader != self.node.index:
-            raise ClientError("E_FAILED_ON_NOT_LEADER", "")
+        try:
+            check_leader(partition, self.node.index)
+        except PublishError as exc:
+            raise _refused(exc) from None
         if kind == "SUB" and topic.ordered:
             raise ClientError(
                 "E_SUB_ORDER_IS_MUST", "this topic is configured only allow ordered sub"
@@ -648,8 +674,8 @@ class ClientSession(asyncio.BufferedProtocol):
     def _resolve(
         self, kind: str, topic_name: str, partition_text: str | None
     ) -> tuple[Topic, Partition]:
-        """youzan: the topic partition this command targets, hosted on this node."""
-        topic = self.cluster.topics.get(topic_name)
+        """youzan: the topic partition this command targets, hosted on this node: TCP's own
+        checks of the partition argument, then :func:`resolve_partition`."""
         partition_id = -1
         if partition_text is not None:
             try:
@@ -662,21 +688,18 @@ class ClientSession(asyncio.BufferedProtocol):
                 raise ClientError(
                     "E_BAD_PARTITION", f"topic partition is not valid: {partition_id}"
                 )
-        if topic is None:
-            raise ClientError("E_TOPIC_NOT_EXIST", "")
         if partition_id < 0:
-            if topic.ordered or topic.multi_part:
+            # An ordered or multi-part topic needs an explicit partition over TCP (a topic
+            # that does not exist is E_TOPIC_NOT_EXIST, below).
+            topic = self.cluster.topics.get(topic_name)
+            if topic is not None and (topic.ordered or topic.multi_part):
                 raise ClientError(
                     "E_BAD_PARTITION", "topic partition is not valid for multi partition: -1"
                 )
-            led = sorted(p.id for p in topic.partitions.values() if p.leader == self.node.index)
-            if not led:
-                raise ClientError("E_TOPIC_NOT_EXIST", "")
-            partition_id = led[0]
-        partition = topic.partitions.get(partition_id)
-        if partition is None or self.node.index not in partition.replicas:
-            raise ClientError("E_TOPIC_NOT_EXIST", "")
-        return topic, partition
+        try:
+            return resolve_partition(self.cluster, self.node.index, topic_name, partition_id)
+        except PublishError as exc:
+            raise _refused(exc) from None
 
     # PUB family -------------------------------------------------------------------------
 
@@ -692,10 +715,10 @@ class ClientSession(asyncio.BufferedProtocol):
             return self.cluster.classic_topic(self.node, topic_name), None
         partition_text = params[1].decode("utf-8", "replace") if len(params) > 1 else None
         topic, partition = self._resolve(kind, topic_name, partition_text)
-        if partition.leader != self.node.index:
-            raise ClientError("E_FAILED_ON_NOT_LEADER", "", fatal=False)
-        if not partition.writable:
-            raise ClientError("E_FAILED_ON_NOT_WRITABLE", "", fatal=False)
+        try:
+            check_writable(partition, self.node.index)
+        except PublishError as exc:
+            raise _refused(exc, fatal=False) from None  # after a publish: not fatal
         return partition.log, topic
 
     def _body(self, kind: str, command: ClientCommand, limit: int, error: str) -> bytes:
@@ -745,10 +768,16 @@ class ClientSession(asyncio.BufferedProtocol):
         self._published(1)
         return TraceReceipt(record.internal_id, trace_id, record.offset, record.raw_size).encode()
 
-    def _parse_ext(
-        self, element: bytes, topic: Topic | None
-    ) -> tuple[bytes, dict[str, Any] | None, bytes]:
-        """Split ``[uint16 len][json][payload]``; validate like youzan nsqd."""
+    def _check_ext_topic(self, topic: Topic | None) -> None:
+        """PUB_EXT/MPUB_EXT to a topic without ext: refused, unless ext-compatible publishes
+        are allowed (then :meth:`_parse_ext` decides by the header's keys)."""
+        if topic is not None and not topic.ext and not self.settings.allow_ext_compatible:
+            raise _ext_not_supported(topic)
+
+    def _parse_ext(self, element: bytes, topic: Topic | None) -> _ExtElement:
+        """Split ``[uint16 len][json][payload]``; validate like youzan nsqd. Returns the raw
+        header, the header (None: store no ext header), the payload and the trace id (its
+        text, None if absent, and its value)."""
         if len(element) < 2:
             raise ClientError("E_BAD_BODY", "invalid body size with ext json header")
         json_len = int.from_bytes(element[:2], "big")
@@ -759,7 +788,7 @@ class ClientSession(asyncio.BufferedProtocol):
         raw = element[2 : 2 + json_len]
         payload = element[2 + json_len :]
         if json_len == 0:
-            return b"", None, payload
+            return b"", None, payload, None, 0
         try:
             header = json.loads(raw)
         except ValueError as exc:
@@ -774,40 +803,25 @@ class ClientSession(asyncio.BufferedProtocol):
             if self.settings.allow_ext_compatible and all(
                 k.startswith("##") or k == "zan_test" for k in header
             ):
-                return b"", None, payload
-            raise ClientError(
-                "E_EXT_NOT_SUPPORT", f"ext content not supported in topic {topic.name}", fatal=False
-            )
-        trace = header.get("##trace_id")
-        if trace is not None and (
-            not isinstance(trace, str)
-            or not trace.isdigit()
-            or not trace.isascii()
-            or int(trace) > UINT64_MAX
-        ):
-            raise ClientError("INVALID_TRACE_ID", f"invalid trace id {trace!r}", fatal=False)
-        return raw, header, payload
+                return b"", None, payload, None, 0
+            raise _ext_not_supported(topic)
+        if header.get(TRACE_ID_KEY) is None:
+            # A JSON null trace id is no trace id here (header_trace_id refuses it).
+            return raw, header, payload, None, 0
+        try:
+            trace_text, trace_id = header_trace_id(header)
+        except PublishError as exc:
+            raise _refused(exc, fatal=False) from None
+        return raw, header, payload, trace_text, trace_id
 
     def _pub_ext(self, command: ClientCommand) -> bytes | None:
         body = self._body(
             "PUB_EXT", command, self.settings.max_msg_size + 2 + 65535, "E_BAD_MESSAGE"
         )
         log_, topic = self._pub_target("PUB_EXT", command)
-        if topic is not None and not topic.ext and not self.settings.allow_ext_compatible:
-            raise ClientError(
-                "E_EXT_NOT_SUPPORT", f"ext content not supported in topic {topic.name}", fatal=False
-            )
-        raw, header, payload = self._parse_ext(body, topic)
-        trace_text = header.get("##trace_id") if header else None
-        trace_id = int(trace_text) if isinstance(trace_text, str) else 0
-        tag = header.get("##client_dispatch_tag") if header else None
-        record = log_.append(
-            payload,
-            trace_id=trace_id,
-            ext_version=EXT_VERSION_JSON if header is not None else None,
-            ext_raw=raw,
-            tag=tag if isinstance(tag, str) else None,
-        )
+        self._check_ext_topic(topic)
+        raw, header, payload, trace_text, trace_id = self._parse_ext(body, topic)
+        record = append_message(log_, payload, trace_id=trace_id, header=header, raw_header=raw)
         self._published(1)
         if trace_text is not None:
             return TraceReceipt(
@@ -852,21 +866,10 @@ class ClientSession(asyncio.BufferedProtocol):
 
     def _mpub_ext(self, command: ClientCommand) -> bytes | None:
         log_, topic, elements = self._mpub_common("MPUB_EXT", command)
-        if topic is not None and not topic.ext and not self.settings.allow_ext_compatible:
-            raise ClientError(
-                "E_EXT_NOT_SUPPORT", f"ext content not supported in topic {topic.name}", fatal=False
-            )
+        self._check_ext_topic(topic)
         parsed = [self._parse_ext(e, topic) for e in elements]  # all or nothing
-        for raw, header, payload in parsed:
-            trace_text = header.get("##trace_id") if header else None
-            tag = header.get("##client_dispatch_tag") if header else None
-            log_.append(
-                payload,
-                trace_id=int(trace_text) if isinstance(trace_text, str) else 0,
-                ext_version=EXT_VERSION_JSON if header is not None else None,
-                ext_raw=raw,
-                tag=tag if isinstance(tag, str) else None,
-            )
+        for raw, header, payload, _, trace_id in parsed:
+            append_message(log_, payload, trace_id=trace_id, header=header, raw_header=raw)
         self._published(len(parsed))
         return OK
 
