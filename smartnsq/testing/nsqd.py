@@ -33,7 +33,7 @@ from smartnsq.protocol.server import (
     encode_response,
     split_mpub,
 )
-from smartnsq.protocol.validation import TRACE_ID_KEY
+from smartnsq.protocol.validation import MAX_DPUB_DELAY_MS, TRACE_ID_KEY
 from smartnsq.testing.publish import (
     PublishError,
     append_message,
@@ -220,6 +220,7 @@ class ClientSession(asyncio.BufferedProtocol):
         self.parser = CommandParser(
             body_commands=body_commands, max_body_size=self.settings.max_body_size
         )
+        self._handlers = _YOUZAN_HANDLERS if self.settings.youzan else _CLASSIC_HANDLERS
         self.transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
         self._inbox = memoryview(bytearray(_READ_SIZE))
@@ -392,8 +393,7 @@ class ClientSession(asyncio.BufferedProtocol):
 
     def _dispatch(self, command: ClientCommand) -> bytes | None:
         name = command.name
-        known = _YOUZAN_COMMANDS if self.settings.youzan else _CLASSIC_COMMANDS
-        handler = _HANDLERS.get(name) if name in known else None
+        handler = self._handlers.get(name)
         if handler is None:
             words = (name, *command.params)
             raise ClientError(
@@ -748,9 +748,10 @@ class ClientSession(asyncio.BufferedProtocol):
             delay_ms = go_atoi(params[1].decode("utf-8", "replace"))
         except ValueError:
             raise ClientError("E_INVALID", "DPUB could not parse timeout") from None
-        max_ms = 3600 * 1000
-        if not 0 <= delay_ms <= max_ms:
-            raise ClientError("E_INVALID", f"DPUB timeout {delay_ms} out of range 0-{max_ms}")
+        if not 0 <= delay_ms <= MAX_DPUB_DELAY_MS:
+            raise ClientError(
+                "E_INVALID", f"DPUB timeout {delay_ms} out of range 0-{MAX_DPUB_DELAY_MS}"
+            )
         body = self._body("DPUB", command, self.settings.max_msg_size, "E_BAD_MESSAGE")
         log_, _ = self._pub_target("DPUB", command)
         record = log_.append(body)
@@ -1062,8 +1063,12 @@ _HANDLERS: dict[bytes, _Handler] = {
     b"INTERNAL_CREATE_TOPIC": ClientSession._internal_create_topic,
 }
 
-_CLASSIC_COMMANDS = frozenset(
-    {
+# The command table of each flavour (a session picks one); any other command is answered
+# E_INVALID "invalid command". youzan nsqd has no DPUB, classic nsqd none of the extensions.
+_YOUZAN_HANDLERS: dict[bytes, _Handler] = {n: h for n, h in _HANDLERS.items() if n != b"DPUB"}
+_CLASSIC_HANDLERS: dict[bytes, _Handler] = {
+    name: _HANDLERS[name]
+    for name in (
         b"IDENTIFY",
         b"AUTH",
         b"SUB",
@@ -1076,6 +1081,5 @@ _CLASSIC_COMMANDS = frozenset(
         b"TOUCH",
         b"CLS",
         b"NOP",
-    }
-)
-_YOUZAN_COMMANDS = frozenset(_HANDLERS) - {b"DPUB"}
+    )
+}
