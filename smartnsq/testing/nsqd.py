@@ -9,7 +9,6 @@ the channels it subscribes to. Nothing of the client's transport is used here.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import ssl
@@ -22,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from smartnsq.errors import ProtocolError
 from smartnsq.protocol.compression import DeflateCodec, SnappyCodec, StreamCodec
 from smartnsq.protocol.identify import IdentifyResponse
-from smartnsq.protocol.message import EXT_VERSION_JSON, encode_message_frame
+from smartnsq.protocol.message import encode_message_frame
 from smartnsq.protocol.responses import CLOSE_WAIT, HEARTBEAT, OK, AuthResponse, TraceReceipt
 from smartnsq.protocol.server import (
     CLASSIC_BODY_COMMANDS,
@@ -34,7 +33,17 @@ from smartnsq.protocol.server import (
     encode_response,
     split_mpub,
 )
-from smartnsq.protocol.validation import UINT64_MAX
+from smartnsq.protocol.validation import MAX_DPUB_DELAY_MS, TRACE_ID_KEY
+from smartnsq.testing.publish import (
+    PublishError,
+    append_message,
+    check_leader,
+    check_writable,
+    go_atoi,
+    header_trace_id,
+    resolve_partition,
+    valid_name,
+)
 from smartnsq.testing.state import Channel, Delivery, Partition, PartitionLog, Topic
 
 if TYPE_CHECKING:
@@ -47,7 +56,6 @@ log = logging.getLogger("smartnsq.testing.nsqd")
 YOUZAN_VERSION = "0.3.7-HA.1.13.0"
 CLASSIC_VERSION = "1.3.0"
 _READ_SIZE = 64 * 1024
-_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 _OK_FRAME = encode_response(OK)  # the answer to nearly every PUB
 # The head of a message frame: size, frame type, timestamp, attempts.
 _pack_plain_head = struct.Struct(">iiqH").pack
@@ -97,23 +105,24 @@ class ClientError(Exception):
         return f"{self.code} {self.description}"
 
 
+# An ext element of PUB_EXT/MPUB_EXT: raw header, header, payload, trace id text and value.
+_ExtElement = tuple[bytes, "dict[str, Any] | None", bytes, "str | None", int]
+
+
 def _go_bytes(data: bytes) -> str:
     """Go's ``%v`` of a []byte, as youzan nsqd prints ids and params in errors."""
     return "[" + " ".join(str(b) for b in data) + "]"
 
 
-@functools.lru_cache(maxsize=4096)  # checked on every PUB; a client uses few names
-def _valid_name(name: str) -> bool:
-    base = name[: -len("#ephemeral")] if name.endswith("#ephemeral") else name
-    return 1 <= len(name) <= 64 and bool(base) and set(base) <= _NAME_CHARS
+def _refused(exc: PublishError, *, fatal: bool = True) -> ClientError:
+    """A refusal by a shared publishing rule as an error frame: the same code and text."""
+    return ClientError(exc.code, exc.description, fatal=fatal)
 
 
-def _atoi(text: str) -> int:
-    digits = text[1:] if text[:1] in "+-" else text
-    # isdigit() alone would take other scripts' digits; isascii() keeps it to 0-9.
-    if not (digits.isascii() and digits.isdigit()):
-        raise ValueError(f'strconv.Atoi: parsing "{text}": invalid syntax')
-    return int(text)
+def _ext_not_supported(topic: Topic) -> ClientError:
+    return ClientError(
+        "E_EXT_NOT_SUPPORT", f"ext content not supported in topic {topic.name}", fatal=False
+    )
 
 
 class NsqdNode:
@@ -211,6 +220,7 @@ class ClientSession(asyncio.BufferedProtocol):
         self.parser = CommandParser(
             body_commands=body_commands, max_body_size=self.settings.max_body_size
         )
+        self._handlers = _YOUZAN_HANDLERS if self.settings.youzan else _CLASSIC_HANDLERS
         self.transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
         self._inbox = memoryview(bytearray(_READ_SIZE))
@@ -383,8 +393,7 @@ class ClientSession(asyncio.BufferedProtocol):
 
     def _dispatch(self, command: ClientCommand) -> bytes | None:
         name = command.name
-        known = _YOUZAN_COMMANDS if self.settings.youzan else _CLASSIC_COMMANDS
-        handler = _HANDLERS.get(name) if name in known else None
+        handler = self._handlers.get(name)
         if handler is None:
             words = (name, *command.params)
             raise ClientError(
@@ -588,9 +597,9 @@ class ClientSession(asyncio.BufferedProtocol):
             raise ClientError("E_INVALID", f"{kind} insufficient number of parameters")
         self._need_auth(kind)
         topic_name, channel_name = params[0], params[1]
-        if not _valid_name(topic_name):
+        if not valid_name(topic_name):
             raise ClientError("E_BAD_TOPIC", f'{kind} topic name "{topic_name}" is not valid')
-        if not _valid_name(channel_name):
+        if not valid_name(channel_name):
             raise ClientError("E_BAD_CHANNEL", f'{kind} channel name "{channel_name}" is not valid')
         if not self.settings.youzan:
             log_ = self.cluster.classic_topic(self.node, topic_name)
@@ -598,8 +607,10 @@ class ClientSession(asyncio.BufferedProtocol):
             return self._join(channel, detail=False, ext=False)
 
         topic, partition = self._resolve(kind, topic_name, params[2] if len(params) > 2 else None)
-        if partition.leader != self.node.index:
-            raise ClientError("E_FAILED_ON_NOT_LEADER", "")
+        try:
+            check_leader(partition, self.node.index)
+        except PublishError as exc:
+            raise _refused(exc) from None
         if kind == "SUB" and topic.ordered:
             raise ClientError(
                 "E_SUB_ORDER_IS_MUST", "this topic is configured only allow ordered sub"
@@ -663,12 +674,12 @@ class ClientSession(asyncio.BufferedProtocol):
     def _resolve(
         self, kind: str, topic_name: str, partition_text: str | None
     ) -> tuple[Topic, Partition]:
-        """youzan: the topic partition this command targets, hosted on this node."""
-        topic = self.cluster.topics.get(topic_name)
+        """youzan: the topic partition this command targets, hosted on this node: TCP's own
+        checks of the partition argument, then :func:`resolve_partition`."""
         partition_id = -1
         if partition_text is not None:
             try:
-                partition_id = _atoi(partition_text)
+                partition_id = go_atoi(partition_text)
             except ValueError as exc:
                 raise ClientError(
                     "E_BAD_PARTITION", f"topic partition is not valid: {exc}"
@@ -677,21 +688,18 @@ class ClientSession(asyncio.BufferedProtocol):
                 raise ClientError(
                     "E_BAD_PARTITION", f"topic partition is not valid: {partition_id}"
                 )
-        if topic is None:
-            raise ClientError("E_TOPIC_NOT_EXIST", "")
         if partition_id < 0:
-            if topic.ordered or topic.multi_part:
+            # An ordered or multi-part topic needs an explicit partition over TCP (a topic
+            # that does not exist is E_TOPIC_NOT_EXIST, below).
+            topic = self.cluster.topics.get(topic_name)
+            if topic is not None and (topic.ordered or topic.multi_part):
                 raise ClientError(
                     "E_BAD_PARTITION", "topic partition is not valid for multi partition: -1"
                 )
-            led = sorted(p.id for p in topic.partitions.values() if p.leader == self.node.index)
-            if not led:
-                raise ClientError("E_TOPIC_NOT_EXIST", "")
-            partition_id = led[0]
-        partition = topic.partitions.get(partition_id)
-        if partition is None or self.node.index not in partition.replicas:
-            raise ClientError("E_TOPIC_NOT_EXIST", "")
-        return topic, partition
+        try:
+            return resolve_partition(self.cluster, self.node.index, topic_name, partition_id)
+        except PublishError as exc:
+            raise _refused(exc) from None
 
     # PUB family -------------------------------------------------------------------------
 
@@ -701,16 +709,16 @@ class ClientSession(asyncio.BufferedProtocol):
             raise ClientError("E_INVALID", f"{kind} insufficient number of parameters")
         self._need_auth(kind)
         topic_name = params[0].decode("utf-8", "replace")
-        if not _valid_name(topic_name):
+        if not valid_name(topic_name):
             raise ClientError("E_BAD_TOPIC", f'{kind} topic name "{topic_name}" is not valid')
         if not self.settings.youzan:
             return self.cluster.classic_topic(self.node, topic_name), None
         partition_text = params[1].decode("utf-8", "replace") if len(params) > 1 else None
         topic, partition = self._resolve(kind, topic_name, partition_text)
-        if partition.leader != self.node.index:
-            raise ClientError("E_FAILED_ON_NOT_LEADER", "", fatal=False)
-        if not partition.writable:
-            raise ClientError("E_FAILED_ON_NOT_WRITABLE", "", fatal=False)
+        try:
+            check_writable(partition, self.node.index)
+        except PublishError as exc:
+            raise _refused(exc, fatal=False) from None  # after a publish: not fatal
         return partition.log, topic
 
     def _body(self, kind: str, command: ClientCommand, limit: int, error: str) -> bytes:
@@ -737,12 +745,13 @@ class ClientSession(asyncio.BufferedProtocol):
         if len(params) < 2:
             raise ClientError("E_INVALID", "DPUB insufficient number of parameters")
         try:
-            delay_ms = _atoi(params[1].decode("utf-8", "replace"))
+            delay_ms = go_atoi(params[1].decode("utf-8", "replace"))
         except ValueError:
             raise ClientError("E_INVALID", "DPUB could not parse timeout") from None
-        max_ms = 3600 * 1000
-        if not 0 <= delay_ms <= max_ms:
-            raise ClientError("E_INVALID", f"DPUB timeout {delay_ms} out of range 0-{max_ms}")
+        if not 0 <= delay_ms <= MAX_DPUB_DELAY_MS:
+            raise ClientError(
+                "E_INVALID", f"DPUB timeout {delay_ms} out of range 0-{MAX_DPUB_DELAY_MS}"
+            )
         body = self._body("DPUB", command, self.settings.max_msg_size, "E_BAD_MESSAGE")
         log_, _ = self._pub_target("DPUB", command)
         record = log_.append(body)
@@ -760,10 +769,16 @@ class ClientSession(asyncio.BufferedProtocol):
         self._published(1)
         return TraceReceipt(record.internal_id, trace_id, record.offset, record.raw_size).encode()
 
-    def _parse_ext(
-        self, element: bytes, topic: Topic | None
-    ) -> tuple[bytes, dict[str, Any] | None, bytes]:
-        """Split ``[uint16 len][json][payload]``; validate like youzan nsqd."""
+    def _check_ext_topic(self, topic: Topic | None) -> None:
+        """PUB_EXT/MPUB_EXT to a topic without ext: refused, unless ext-compatible publishes
+        are allowed (then :meth:`_parse_ext` decides by the header's keys)."""
+        if topic is not None and not topic.ext and not self.settings.allow_ext_compatible:
+            raise _ext_not_supported(topic)
+
+    def _parse_ext(self, element: bytes, topic: Topic | None) -> _ExtElement:
+        """Split ``[uint16 len][json][payload]``; validate like youzan nsqd. Returns the raw
+        header, the header (None: store no ext header), the payload and the trace id (its
+        text, None if absent, and its value)."""
         if len(element) < 2:
             raise ClientError("E_BAD_BODY", "invalid body size with ext json header")
         json_len = int.from_bytes(element[:2], "big")
@@ -774,7 +789,7 @@ class ClientSession(asyncio.BufferedProtocol):
         raw = element[2 : 2 + json_len]
         payload = element[2 + json_len :]
         if json_len == 0:
-            return b"", None, payload
+            return b"", None, payload, None, 0
         try:
             header = json.loads(raw)
         except ValueError as exc:
@@ -789,40 +804,25 @@ class ClientSession(asyncio.BufferedProtocol):
             if self.settings.allow_ext_compatible and all(
                 k.startswith("##") or k == "zan_test" for k in header
             ):
-                return b"", None, payload
-            raise ClientError(
-                "E_EXT_NOT_SUPPORT", f"ext content not supported in topic {topic.name}", fatal=False
-            )
-        trace = header.get("##trace_id")
-        if trace is not None and (
-            not isinstance(trace, str)
-            or not trace.isdigit()
-            or not trace.isascii()
-            or int(trace) > UINT64_MAX
-        ):
-            raise ClientError("INVALID_TRACE_ID", f"invalid trace id {trace!r}", fatal=False)
-        return raw, header, payload
+                return b"", None, payload, None, 0
+            raise _ext_not_supported(topic)
+        if header.get(TRACE_ID_KEY) is None:
+            # A JSON null trace id is no trace id here (header_trace_id refuses it).
+            return raw, header, payload, None, 0
+        try:
+            trace_text, trace_id = header_trace_id(header)
+        except PublishError as exc:
+            raise _refused(exc, fatal=False) from None
+        return raw, header, payload, trace_text, trace_id
 
     def _pub_ext(self, command: ClientCommand) -> bytes | None:
         body = self._body(
             "PUB_EXT", command, self.settings.max_msg_size + 2 + 65535, "E_BAD_MESSAGE"
         )
         log_, topic = self._pub_target("PUB_EXT", command)
-        if topic is not None and not topic.ext and not self.settings.allow_ext_compatible:
-            raise ClientError(
-                "E_EXT_NOT_SUPPORT", f"ext content not supported in topic {topic.name}", fatal=False
-            )
-        raw, header, payload = self._parse_ext(body, topic)
-        trace_text = header.get("##trace_id") if header else None
-        trace_id = int(trace_text) if isinstance(trace_text, str) else 0
-        tag = header.get("##client_dispatch_tag") if header else None
-        record = log_.append(
-            payload,
-            trace_id=trace_id,
-            ext_version=EXT_VERSION_JSON if header is not None else None,
-            ext_raw=raw,
-            tag=tag if isinstance(tag, str) else None,
-        )
+        self._check_ext_topic(topic)
+        raw, header, payload, trace_text, trace_id = self._parse_ext(body, topic)
+        record = append_message(log_, payload, trace_id=trace_id, header=header, raw_header=raw)
         self._published(1)
         if trace_text is not None:
             return TraceReceipt(
@@ -867,21 +867,10 @@ class ClientSession(asyncio.BufferedProtocol):
 
     def _mpub_ext(self, command: ClientCommand) -> bytes | None:
         log_, topic, elements = self._mpub_common("MPUB_EXT", command)
-        if topic is not None and not topic.ext and not self.settings.allow_ext_compatible:
-            raise ClientError(
-                "E_EXT_NOT_SUPPORT", f"ext content not supported in topic {topic.name}", fatal=False
-            )
+        self._check_ext_topic(topic)
         parsed = [self._parse_ext(e, topic) for e in elements]  # all or nothing
-        for raw, header, payload in parsed:
-            trace_text = header.get("##trace_id") if header else None
-            tag = header.get("##client_dispatch_tag") if header else None
-            log_.append(
-                payload,
-                trace_id=int(trace_text) if isinstance(trace_text, str) else 0,
-                ext_version=EXT_VERSION_JSON if header is not None else None,
-                ext_raw=raw,
-                tag=tag if isinstance(tag, str) else None,
-            )
+        for raw, header, payload, _, trace_id in parsed:
+            append_message(log_, payload, trace_id=trace_id, header=header, raw_header=raw)
         self._published(len(parsed))
         return OK
 
@@ -894,7 +883,7 @@ class ClientSession(asyncio.BufferedProtocol):
             raise ClientError("E_INVALID", "cannot RDY in current state")
         text = command.params[0].decode("utf-8", "replace") if command.params else ""
         try:
-            count = _atoi(text)
+            count = go_atoi(text)
         except ValueError:
             raise ClientError("E_INVALID", f"RDY could not parse count {text}") from None
         if not 0 <= count <= self.settings.max_rdy_count:
@@ -963,7 +952,7 @@ class ClientSession(asyncio.BufferedProtocol):
         channel = self._check_leader("REQ")
         text = command.params[1].decode("utf-8", "replace") if len(command.params) > 1 else ""
         try:
-            timeout_ms = _atoi(text)
+            timeout_ms = go_atoi(text)
         except ValueError:
             raise ClientError("E_INVALID", f"REQ could not parse timeout {text}") from None
         max_ms = int(self.settings.max_req_timeout * 1000)
@@ -1074,8 +1063,12 @@ _HANDLERS: dict[bytes, _Handler] = {
     b"INTERNAL_CREATE_TOPIC": ClientSession._internal_create_topic,
 }
 
-_CLASSIC_COMMANDS = frozenset(
-    {
+# The command table of each flavour (a session picks one); any other command is answered
+# E_INVALID "invalid command". youzan nsqd has no DPUB, classic nsqd none of the extensions.
+_YOUZAN_HANDLERS: dict[bytes, _Handler] = {n: h for n, h in _HANDLERS.items() if n != b"DPUB"}
+_CLASSIC_HANDLERS: dict[bytes, _Handler] = {
+    name: _HANDLERS[name]
+    for name in (
         b"IDENTIFY",
         b"AUTH",
         b"SUB",
@@ -1088,6 +1081,5 @@ _CLASSIC_COMMANDS = frozenset(
         b"TOUCH",
         b"CLS",
         b"NOP",
-    }
-)
-_YOUZAN_COMMANDS = frozenset(_HANDLERS) - {b"DPUB"}
+    )
+}

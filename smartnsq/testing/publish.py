@@ -8,13 +8,13 @@ a status and message over HTTP), so the two paths cannot drift on the rules them
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import TYPE_CHECKING, Any
 
 from smartnsq.protocol.message import EXT_VERSION_JSON
 from smartnsq.protocol.server import MpubFormatError, split_mpub
 from smartnsq.protocol.validation import TRACE_ID_KEY, UINT64_MAX
-from smartnsq.testing.nsqd import _atoi, _valid_name
 
 if TYPE_CHECKING:
     from smartnsq.testing.cluster import Cluster
@@ -41,6 +41,7 @@ TAG_KEY = "##client_dispatch_tag"
 NOT_LEADER = "E_FAILED_ON_NOT_LEADER"
 NOT_WRITABLE = "E_FAILED_ON_NOT_WRITABLE"
 TOPIC_NOT_EXIST = "E_TOPIC_NOT_EXIST"
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
 class PublishError(Exception):
@@ -52,14 +53,20 @@ class PublishError(Exception):
         self.description = description
 
 
+@functools.lru_cache(maxsize=4096)  # checked on every PUB; a client uses few names
 def valid_name(name: str) -> bool:
     """nsqd's topic/channel name rule (1..64 chars of ``[.a-zA-Z0-9_-]``, ``#ephemeral``)."""
-    return _valid_name(name)
+    base = name[: -len("#ephemeral")] if name.endswith("#ephemeral") else name
+    return 1 <= len(name) <= 64 and bool(base) and set(base) <= _NAME_CHARS
 
 
 def go_atoi(text: str) -> int:
     """Go's ``strconv.Atoi``; the ValueError carries Go's message (servers echo it)."""
-    return _atoi(text)
+    digits = text[1:] if text[:1] in "+-" else text
+    # isdigit() alone would take other scripts' digits; isascii() keeps it to 0-9.
+    if not (digits.isascii() and digits.isdigit()):
+        raise ValueError(f'strconv.Atoi: parsing "{text}": invalid syntax')
+    return int(text)
 
 
 def parse_trace_id(text: str) -> int | None:
