@@ -987,9 +987,6 @@ class ClientSession(asyncio.BufferedProtocol):
 
     # ------------------------------------------------------------------ delivery
 
-    def deliver(self, delivery: Delivery) -> None:
-        self.deliver_many([delivery])
-
     def deliver_many(self, deliveries: list[Delivery]) -> None:
         out = self._out
         if self._plain_frames:
