@@ -631,14 +631,13 @@ class ClientSession(asyncio.BufferedProtocol):
             )
         if topic.disable_channel_auto_create and channel_name not in partition.log.channels:
             raise ClientError(
-                "E_SUB_CHANNEL_NOT_REGISTERED",
-                f"channel {channel_name} is not registered for topic {topic_name}",
+                "E_SUB_CHANNEL_NOT_REGISTERED", "channel is not registered under topic."
             )
         channel = self.cluster.ensure_channel(partition.log, channel_name)
         if kind == "SUB_ADVANCED" and len(params) > 3:
             self._apply_start(channel, params[3])
         if kind == "SUB_ORDERED":
-            channel.ordered = True
+            channel.make_ordered()
         return self._join(channel, detail=kind != "SUB", ext=topic.ext)
 
     def _apply_start(self, channel: Channel, spec: str) -> None:
