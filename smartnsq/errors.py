@@ -10,6 +10,7 @@ the usual Python way keep working.
 from __future__ import annotations
 
 __all__ = [
+    "AdminError",
     "AuthDisabledError",
     "AuthError",
     "AuthFailedError",
@@ -389,3 +390,18 @@ class NoWritablePartitionError(NSQError):
 
 class OrderViolationError(NSQError):
     """An ordered partition delivered a message whose id or offset went backwards."""
+
+
+class AdminError(NSQError):
+    """An administration request (topic or channel creation...) was refused.
+
+    ``status`` is the HTTP status, ``message`` what the server said, ``url`` where it was
+    sent."""
+
+    def __init__(self, message: str, *, status: int | None = None, url: str = "") -> None:
+        answer = f"HTTP {status}" if status is not None else ""
+        where = " from ".join(part for part in (answer, url) if part)
+        super().__init__(f"{message} ({where})" if where else message)
+        self.status = status
+        self.message = message
+        self.url = url
