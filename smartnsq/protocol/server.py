@@ -9,7 +9,6 @@ produce responses, errors and (via ``protocol.message``) message frames.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
 from typing import NamedTuple
 
 from smartnsq.errors import ProtocolError
@@ -26,7 +25,6 @@ __all__ = [
     "MpubFormatError",
     "encode_error",
     "encode_response",
-    "mpub_elements",
     "split_mpub",
 ]
 
@@ -148,18 +146,18 @@ class CommandParser(InputBuffer):
         pos = start = self._pos
         end = len(buf)
         size = _FIN_SIZE
-        fixed = self._fixed_ids
         while (
-            end - pos >= size
-            and buf.startswith(_FIN_PREFIX, pos)
-            and buf[pos + size - 1] == 0x0A
-            and (fixed or _splits_as_one_id(buf, pos))
+            end - pos >= size and buf.startswith(_FIN_PREFIX, pos) and buf[pos + size - 1] == 0x0A
         ):
             pos += size
         if pos == start:
             return []
-        self._pos = pos
         run = bytes(buf[start:pos])
+        if not self._fixed_ids:
+            run = _classic_fins(run)
+            if not run:
+                return []
+        self._pos = start + len(run)
         return [run[i : i + MESSAGE_ID_SIZE] for i in range(len(_FIN_PREFIX), len(run), size)]
 
     def _fin_or_req(self, pos: int) -> ClientCommand | None:
@@ -190,53 +188,62 @@ class CommandParser(InputBuffer):
         return ClientCommand(b"TOUCH", (bytes(buf[pos + _TOUCH_ID_START : pos + _TOUCH_ID_END]),))
 
 
-def _splits_as_one_id(buf: bytearray, pos: int) -> bool:
-    """Classic nsqd splits lines at spaces and strips a final \\r: a FIN whose id holds
-    neither reads as that id."""
-    message_id = buf[pos + _ID_START : pos + _ID_END]
-    return b" " not in message_id and b"\n" not in message_id and message_id[-1] != 0x0D
+def _classic_fins(run: bytes) -> bytes:
+    """The FINs at the head of a run that classic nsqd reads as ``FIN <id>`` too: it splits
+    lines at spaces and strips a final \\r, so an id holding a space or a newline, or ending
+    in \\r, reads differently (left for :meth:`CommandParser.next_command`)."""
+    count = len(run) // _FIN_SIZE
+    if run.count(b" ") == count and run.count(b"\n") == count and b"\r\n" not in run:
+        return run  # one space and one newline per FIN: every id is clean
+    good = 0
+    while good < count:
+        message_id = run[good * _FIN_SIZE + _ID_START : good * _FIN_SIZE + _ID_END]
+        if b" " in message_id or b"\n" in message_id or message_id.endswith(b"\r"):
+            break
+        good += 1
+    return run[: good * _FIN_SIZE]
 
 
 class MpubFormatError(ValueError):
-    """An MPUB body is malformed; ``reason`` is "count" or "message"."""
+    """An MPUB body is malformed; ``reason`` is "count" or "message", the text is nsqd's.
+    ``elements`` are the messages read before the bad one (nsqd reads them one by one, so
+    checks of its own on those come first)."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: str, detail: str, elements: list[bytes] | None = None) -> None:
         super().__init__(detail)
         self.reason = reason
+        self.elements = elements or []
 
 
-def mpub_elements(
-    body: bytes, max_msg_size: int, max_body_size: int = MAX_BODY_SIZE
-) -> Iterator[bytes]:
-    """The messages of an MPUB body ``[count]([size][msg])*``, one at a time, each checked
-    when it is reached, as nsqd reads them (an earlier element's other errors come first).
-    MpubFormatError carries nsqd's text."""
+def split_mpub(body: bytes, max_msg_size: int, max_body_size: int = MAX_BODY_SIZE) -> list[bytes]:
+    """Split an MPUB body ``[count]([size][msg])*`` into messages, checking nsqd's limits."""
     if len(body) < 4:
         raise MpubFormatError("count", "MPUB failed to read message count")
     (count,) = _unpack_i32(body, 0)
     if count <= 0 or count > (max_body_size - 4) // 5:
         raise MpubFormatError("count", f"MPUB invalid message count {count}")
+    out: list[bytes] = []
+    append = out.append
     end = len(body)
     pos = 4
     for index in range(count):
         if end < pos + 4:
-            raise MpubFormatError("message", f"MPUB failed to read message({index}) body size")
+            detail = f"MPUB failed to read message({index}) body size"
+            raise MpubFormatError("message", detail, out)
         (size,) = _unpack_i32(body, pos)
         pos += 4
         if size <= 0:
-            raise MpubFormatError("message", f"MPUB invalid message({index}) body size {size}")
+            detail = f"MPUB invalid message({index}) body size {size}"
+            raise MpubFormatError("message", detail, out)
         if size > max_msg_size:
-            raise MpubFormatError("message", f"MPUB message too big {size} > {max_msg_size}")
+            detail = f"MPUB message too big {size} > {max_msg_size}"
+            raise MpubFormatError("message", detail, out)
         stop = pos + size
         if end < stop:
-            raise MpubFormatError("message", "MPUB failed to read message body")
-        yield body[pos:stop]
+            raise MpubFormatError("message", "MPUB failed to read message body", out)
+        append(body[pos:stop])
         pos = stop
-
-
-def split_mpub(body: bytes, max_msg_size: int, max_body_size: int = MAX_BODY_SIZE) -> list[bytes]:
-    """Split an MPUB body ``[count]([size][msg])*`` into messages, checking nsqd's limits."""
-    return list(mpub_elements(body, max_msg_size, max_body_size))
+    return out
 
 
 def encode_response(data: bytes) -> bytes:

@@ -38,7 +38,7 @@ import logging
 import ssl
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +55,7 @@ from smartnsq.protocol.server import (
     MpubFormatError,
     encode_error,
     encode_response,
-    mpub_elements,
+    split_mpub,
 )
 from smartnsq.protocol.validation import MAX_DESIRED_TAG_LENGTH, TRACE_ID_KEY
 from smartnsq.testing.golang import (
@@ -800,7 +800,8 @@ class ClientSession(asyncio.BufferedProtocol):
             raise ClientError(
                 "E_BAD_PARTITION", "topic partition is not valid for multi partition: -1"
             )
-        self._check_auth("PUB")
+        if self.settings.auth_secrets:
+            self._check_auth("PUB")
         return topic, partition, body
 
     def _writable(self, partition: Partition) -> PartitionLog:
@@ -885,21 +886,26 @@ class ClientSession(asyncio.BufferedProtocol):
         if not self.settings.youzan:
             return self._classic_mpub(command)
         _, partition, body = self._prepare_pub(command, batch=True)
-        messages = list(self._batch(body))
+        messages, malformed = self._batch(body)
+        if malformed is not None:
+            raise malformed
         self._writable(partition).extend(messages)
         self._published(len(messages))
         return OK
 
     def _mpub_trace(self, command: ClientCommand) -> bytes | None:
         _, partition, body = self._prepare_pub(command, batch=True)
+        elements, malformed = self._batch(body)
         messages = []
-        for index, element in enumerate(self._batch(body)):
+        for index, element in enumerate(elements):
             if len(element) <= 8:
                 raise ClientError(
                     "E_BAD_MESSAGE",
                     f"MPUB invalid message({index}) body size {len(element)} for tracing",
                 )
             messages.append((element[8:], int.from_bytes(element[:8], "big")))
+        if malformed is not None:
+            raise malformed
         log_ = self._writable(partition)
         records = [log_.append(payload, trace_id=trace_id) for payload, trace_id in messages]
         self._published(len(records))
@@ -908,7 +914,10 @@ class ClientSession(asyncio.BufferedProtocol):
 
     def _mpub_ext(self, command: ClientCommand) -> bytes | None:
         topic, partition, body = self._prepare_pub(command, batch=True)
-        messages = [self._ext_element(topic, element) for element in self._batch(body)]
+        elements, malformed = self._batch(body)
+        messages = [self._ext_element(topic, element) for element in elements]
+        if malformed is not None:
+            raise malformed
         log_ = self._writable(partition)  # all or nothing
         for payload, trace_id, stored, raw in messages:
             append_message(log_, payload, trace_id=trace_id, header=stored, raw_header=raw)
@@ -938,14 +947,15 @@ class ClientSession(asyncio.BufferedProtocol):
         stored = self._ext_for_topic(topic, header)
         return payload, trace_id, stored, raw if stored is not None else b""
 
-    def _batch(self, body: bytes) -> Iterator[bytes]:
-        """The elements of an MPUB body, checked one by one as nsqd reads them."""
+    def _batch(self, body: bytes) -> tuple[list[bytes], ClientError | None]:
+        """The elements of an MPUB body and, if it is malformed, the error nsqd answers once
+        it has read (and checked) the elements before the bad one."""
         settings = self.settings
         try:
-            yield from mpub_elements(body, settings.max_msg_size, settings.max_body_size)
+            return split_mpub(body, settings.max_msg_size, settings.max_body_size), None
         except MpubFormatError as exc:
             code = "E_BAD_BODY" if exc.reason == "count" else "E_BAD_MESSAGE"
-            raise ClientError(code, str(exc)) from None
+            return exc.elements, ClientError(code, str(exc))
 
     # PUB family (classic) -----------------------------------------------------------------
 
@@ -989,7 +999,9 @@ class ClientSession(asyncio.BufferedProtocol):
             raise ClientError("E_BAD_BODY", f"MPUB invalid body size {size}")
         if size > limit or body is None:
             raise ClientError("E_BAD_BODY", f"MPUB body too big {size} > {limit}")
-        messages = list(self._batch(body))
+        messages, malformed = self._batch(body)
+        if malformed is not None:
+            raise malformed
         log_.extend(messages)
         self._published(len(messages))
         return OK
@@ -1090,13 +1102,9 @@ class ClientSession(asyncio.BufferedProtocol):
         channel = self.channel
         if channel is None:
             return
-        invalid = None
-        if self.settings.youzan:
-            invalid = next(
-                (i for i, m in enumerate(message_ids) if not _valid_internal_id(m)), None
-            )
-            if invalid is not None:
-                message_ids = message_ids[:invalid]
+        invalid = _first_invalid_id(message_ids) if self.settings.youzan else None
+        if invalid is not None:
+            message_ids = message_ids[:invalid]
         failed = channel.finish_many(message_ids, self) if message_ids else []
         for message_id in failed:
             self._write(encode_error(self._id_failed("E_FIN_FAILED", "FIN", message_id).text))
@@ -1228,6 +1236,8 @@ def _name(data: bytes) -> str:
 
 
 def _partition_arg(data: bytes) -> int:
+    if data.isdigit() and len(data) < 19:  # the usual case, within int64 (bytes: ASCII only)
+        return int(data)
     try:
         return go_atoi(_arg(data))
     except ValueError as exc:
@@ -1251,6 +1261,15 @@ def _consume_offset(data: bytes) -> tuple[str, int]:
 def _valid_internal_id(message_id: bytes) -> bool:
     """youzan refuses a FIN whose internal id (the first 8 bytes, as int64) is not positive."""
     return int.from_bytes(message_id[:8], "big", signed=True) > 0
+
+
+def _first_invalid_id(message_ids: list[bytes]) -> int | None:
+    """The index of the first id of a FIN run :func:`_valid_internal_id` refuses (all of
+    them unpacked at once: this runs for every FIN of a consumer)."""
+    internal = struct.unpack(">" + "q8x" * len(message_ids), b"".join(message_ids))
+    if min(internal) > 0:
+        return None
+    return next(i for i, value in enumerate(internal) if value <= 0)
 
 
 def _ext_header(raw: bytes) -> JsonValue:

@@ -13,7 +13,6 @@ from smartnsq.protocol.server import (
     ClientCommand,
     CommandParser,
     MpubFormatError,
-    mpub_elements,
     split_mpub,
 )
 from tests.fixtures import command_bytes
@@ -178,9 +177,12 @@ def test_take_fins_after_a_broken_stream() -> None:
     ),
     cuts=st.lists(st.integers(0, 3000), max_size=20),
 )
-def test_take_fins_parses_like_next_command(ops: list[bytes], cuts: list[int]) -> None:
+@pytest.mark.parametrize("fixed_ids", [True, False])
+def test_take_fins_parses_like_next_command(
+    fixed_ids: bool, ops: list[bytes], cuts: list[int]
+) -> None:
     stream = c.MAGIC_V2 + b"".join(ops)
-    fast, slow = CommandParser(), CommandParser()
+    fast, slow = CommandParser(fixed_ids=fixed_ids), CommandParser(fixed_ids=fixed_ids)
     got: list[ClientCommand] = []
     last = 0
     for point in [*sorted({x % (len(stream) + 1) for x in cuts}), len(stream)]:
@@ -245,12 +247,11 @@ def test_classic_fin_runs_leave_ids_that_split() -> None:
     assert parser.next_command() == ClientCommand(b"FIN", (b"0123456", b"89abcdef"))
 
 
-def test_mpub_elements_report_errors_when_reached() -> None:
+def test_split_mpub_texts_and_the_messages_read_before_an_error() -> None:
     body = struct.pack(">iib", 2, 1, 0x61) + struct.pack(">i", 0)
-    elements = mpub_elements(body, 1024)
-    assert next(elements) == b"a"
-    with pytest.raises(MpubFormatError, match=r"MPUB invalid message\(1\) body size 0"):
-        next(elements)
+    with pytest.raises(MpubFormatError, match=r"MPUB invalid message\(1\) body size 0") as caught:
+        split_mpub(body, 1024)
+    assert caught.value.elements == [b"a"]
     cases = {
         b"\x00\x00": "MPUB failed to read message count",
         struct.pack(">i", 0): "MPUB invalid message count 0",
