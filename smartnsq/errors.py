@@ -20,6 +20,7 @@ __all__ = [
     "BadExtError",
     "BadMessageError",
     "BadPartitionError",
+    "BadProtocolError",
     "BadTagError",
     "BadTopicError",
     "ChannelNotRegisteredError",
@@ -317,11 +318,27 @@ class AuthDisabledError(AuthError):
 
 
 class CreateTopicFailedError(ServerError):
+    """INTERNAL_CREATE_TOPIC refused (always, on a cluster node). Not fatal."""
+
     code = "E_CREATE_TOPIC_FAILED"
+    fatal = False
 
 
 class BadExtError(ServerError):
     code = "E_BAD_EXT"
+
+
+class BadProtocolError(ServerError):
+    """nsqd did not recognise the protocol magic and closed the connection: the peer is not
+    an nsqd speaking protocol V2 (wrong port, or something in between)."""
+
+    code = "E_BAD_PROTOCOL"
+
+    def __str__(self) -> str:
+        return (
+            f"{super().__str__()}: the server refused the protocol V2 magic; "
+            "is this the nsqd TCP address?"
+        )
 
 
 class TooManyConnectionsError(ServerError):
