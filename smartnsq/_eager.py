@@ -21,15 +21,18 @@ def run_eager(
     coro: Coroutine[Any, Any, Any], done: Done, arg: Any = None
 ) -> asyncio.Task[None] | None:
     """Start ``coro`` now. ``done(arg, exc)`` is called once it finishes (``exc`` None on
-    success). Returns the Task that carries on if the coroutine suspended, else None.
-    (``arg`` saves callers a closure per call on hot paths.)"""
+    success); an exception that is not an ``Exception`` (SystemExit, KeyboardInterrupt) is
+    raised again after ``done``. Returns the Task that carries on if the coroutine
+    suspended, else None. (``arg`` saves callers a closure per call on hot paths.)"""
     try:
         yielded = coro.send(None)
     except StopIteration:
         done(arg, None)
         return None
-    except BaseException as exc:  # noqa: BLE001 - the handler's failure goes to done()
+    except BaseException as exc:  # the handler's failure goes to done()
         done(arg, exc)
+        if not isinstance(exc, (Exception, asyncio.CancelledError)):
+            raise  # SystemExit, KeyboardInterrupt: they stop the program, not the message
         return None
     return asyncio.get_running_loop().create_task(_finish(coro, yielded, done, arg))
 
@@ -39,8 +42,8 @@ async def _finish(coro: Coroutine[Any, Any, Any], yielded: Any, done: Done, arg:
         await _resume(coro, yielded)
     except BaseException as exc:
         done(arg, exc)
-        if isinstance(exc, asyncio.CancelledError):
-            raise
+        if not isinstance(exc, Exception):
+            raise  # cancellation, SystemExit, KeyboardInterrupt go on up
         return
     done(arg, None)
 

@@ -27,6 +27,7 @@ import httpx
 
 from smartnsq.errors import (
     AdminError,
+    ClientClosedError,
     NSQTimeoutError,
     ProtocolError,
     UnsupportedFeatureError,
@@ -43,6 +44,7 @@ from smartnsq.protocol.lookupd import (
     unwrap_response,
 )
 from smartnsq.protocol.validation import check_channel, check_topic
+from smartnsq.transport.httplog import quiet
 from smartnsq.transport.lookup import normalize_seed
 
 __all__ = ["MAX_PARTITIONS", "MAX_REPLICAS", "Admin"]
@@ -366,17 +368,16 @@ class Admin:
 
     def _http(self) -> httpx.AsyncClient:
         if self._closed:
-            from smartnsq.errors import ClientClosedError
-
             raise ClientClosedError("this Admin is closed; create a new one")
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=self._timeout)
         return self._client
 
     async def _request(self, method: str, base: str, path: str, params: dict[str, str]) -> object:
-        response = await self._http().request(
-            method, base + path, params=params, headers={"Accept": ACCEPT_V1}
-        )
+        with quiet():
+            response = await self._http().request(
+                method, base + path, params=params, headers={"Accept": ACCEPT_V1}
+            )
         try:
             return unwrap_response(response.status_code, response.headers, response.content)
         except ProtocolError as exc:

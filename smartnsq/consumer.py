@@ -20,7 +20,7 @@ import os
 import time
 import warnings
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -39,6 +39,7 @@ from smartnsq.errors import (
 )
 from smartnsq.flow.backoff import BackoffPolicy, check_seconds, requeue_delay
 from smartnsq.flow.rdy import Outcome, RdyController
+from smartnsq.logthrottle import LogThrottle
 from smartnsq.message import Message
 from smartnsq.payload import MARKER, decompress_payload
 from smartnsq.protocol import commands
@@ -58,6 +59,11 @@ __all__ = ["ORDERED_REQUEUE_DELAY", "REQUEUE_DELAY", "Consumer", "ConsumerStats"
 
 log = logging.getLogger("smartnsq.consumer")
 
+# How often a consumer looks for a topic that does not exist yet.
+MISSING_TOPIC_BACKOFF = Backoff(initial=0.5, maximum=5.0)
+# Repeated warnings (handler failures of one exception type, a node that keeps refusing)
+# are logged at most once per this many seconds, with the count of those not shown.
+LOG_INTERVAL = 10.0
 # Seconds a failed message waits before its redelivery, times its attempts (go-nsq's
 # default_requeue_delay); ordered consumers retry sooner (the partition waits meanwhile).
 REQUEUE_DELAY = 90.0
@@ -65,6 +71,7 @@ ORDERED_REQUEUE_DELAY = 0.1
 
 Handler = Callable[[Message], Any]
 GivingUp = Callable[[Message], Any]
+ErrorHook = Callable[[BaseException], Any]
 _Key = tuple[str, "int | None"]
 # Called once a handler is over: (message, None) when it returned, (message, exc) if it raised.
 _Done = Callable[[Message, "BaseException | None"], None]
@@ -161,6 +168,7 @@ class Consumer:
         max_requeue_delay: float = 900.0,
         backoff: BackoffPolicy | bool = True,
         on_giving_up: GivingUp | None = None,
+        on_error: ErrorHook | None = None,
         dead_letter_path: str | os.PathLike[str] | None = None,
         ordered_give_up: bool = False,
         raise_on_order_violation: bool = False,
@@ -202,6 +210,8 @@ class Consumer:
         )
         if handler is not None and not callable(handler):
             raise ValidationError("handler", "must be a coroutine function or a function")
+        if on_error is not None and not callable(on_error):
+            raise ValidationError("on_error", "must be a function or a coroutine function")
         if ordered and nsqd is not None:
             raise UnsupportedFeatureError(
                 "ordered consumption subscribes to partitions found through nsqlookupd: use "
@@ -229,6 +239,7 @@ class Consumer:
         self.start_position = start
         self.desired_tag = desired_tag
         self.on_giving_up = on_giving_up
+        self.on_error = on_error
         self.dead_letter_path = Path(dead_letter_path) if dead_letter_path is not None else None
         if isinstance(backoff, BackoffPolicy):
             self.backoff: BackoffPolicy | None = backoff
@@ -287,12 +298,14 @@ class Consumer:
         # live subscription the supervisor looks up again every reconnect_backoff step
         self._wanted: frozenset[int] = frozenset()
         self._relookups = 0
+        self._topic_missing = False
         self._supervisor: asyncio.Task[None] | None = None
         self._done: asyncio.Future[None] | None = None
         self._drained: asyncio.Event | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._unwatch: Callable[[], None] | None = None
         self._warned_low_rdy = False
+        self._throttle = LogThrottle(LOG_INTERVAL)
         self._warned_unregistered = False
         self._last_connect_error: NSQError | None = None
         self._telemetry = Telemetry(
@@ -390,9 +403,25 @@ class Consumer:
             self._unwatch()
         if self._controller is not None:
             self._apply(self._controller.set_max_in_flight(0))
+        self._hand_back_waiting()
         await self._send_cls()
         await self._wait_drained(timeout)
         await self._shutdown_now()
+
+    def _hand_back(self, message: Message) -> None:
+        """REQ 0, not a failure: another consumer (or this one later) gets it at once."""
+        self._answer(message, commands.req(message.id, 0), "neutral", "requeued")
+
+    def _hand_back_waiting(self) -> None:
+        """Closing: messages never handed out (behind an ordered partition's running
+        handler, or not yet taken from the iterator) go back to nsqd now."""
+        waiting = [m for sub in self._subs.values() for m in sub.queue]
+        waiting.extend(self._inbox)
+        for sub in self._subs.values():
+            sub.queue.clear()
+        self._inbox.clear()
+        for message in waiting:
+            self._hand_back(message)
 
     async def _send_cls(self) -> None:
         futures = []
@@ -491,8 +520,25 @@ class Consumer:
             return
         self._fatal = error
         log.error("consumer %s/%s stops: %s", self.topic, self.channel, error)
+        if self.on_error is not None:
+            self._call_hook(self.on_error, error, "on_error")
         if self._state == "started" and self._loop is not None:
             self._spawn(self.close(timeout=5.0))
+
+    def _call_hook(self, hook: Callable[[Any], Any], arg: Any, name: str) -> None:
+        """A user callback, sync or async; what it raises is logged, never propagated."""
+        try:
+            result = hook(arg)
+            if inspect.isawaitable(result):
+                self._spawn(self._await_hook(result, name))
+        except Exception:
+            log.exception("%s: %s failed", self.topic, name)
+
+    async def _await_hook(self, result: Awaitable[Any], name: str) -> None:
+        try:
+            await result
+        except Exception:
+            log.exception("%s: %s failed", self.topic, name)
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` as one of the consumer's tasks: kept referenced until done, cancelled
@@ -582,7 +628,15 @@ class Consumer:
             else:
                 layout = await self._lookup.lookup(self.topic, "r")
         except TopicNotFoundError:
-            return set()  # classic lookupd before the topic exists: wait for it
+            self._topic_missing = True  # classic lookupd before the topic exists
+            self._warn_missing_topic()
+            return set()
+        missing = layout.empty and (layout.meta is None or not layout.meta.valid)
+        if missing:
+            self._warn_missing_topic()  # a youzan lookupd answers an unknown topic empty
+        elif self._topic_missing:
+            log.info("%s/%s: topic %r exists now", self.topic, self.channel, self.topic)
+        self._topic_missing = missing
         self._check_layout(layout)
         if layout.youzan and layout.partition_num:
             self._wanted = self.partitions or frozenset(range(layout.partition_num))
@@ -609,6 +663,18 @@ class Consumer:
                     f"topic {self.topic!r} has {layout.partition_num} partitions; "
                     f"no partition {unknown}",
                 )
+
+    def _warn_missing_topic(self) -> None:
+        if self._topic_missing:
+            return  # said already
+        log.warning(
+            "%s/%s: topic %r does not exist (no nsqlookupd knows it): waiting for it to be "
+            "created; this consumer subscribes as soon as a lookup shows its partitions "
+            "(it looks again every few seconds)",
+            self.topic,
+            self.channel,
+            self.topic,
+        )
 
     def _warn_unregistered(self) -> None:
         """Once: the topic lets SUB create channels, so this one is not registered."""
@@ -639,7 +705,7 @@ class Consumer:
             self._fail(exc)
             return
         except NSQError as exc:
-            log.warning("%s: lookup failed: %s", self.topic, exc)
+            self._warn(("lookup",), "%s: lookup failed: %s", self.topic, exc)
             return
         loop = self._loop
         if loop is None:
@@ -673,6 +739,9 @@ class Consumer:
                 # look up again soon, and keep looking until the lookup names its leader.
                 self._relookups += 1
                 waits.append(self.reconnect_backoff.delay(self._relookups))
+            elif self._topic_missing:
+                self._relookups += 1
+                waits.append(MISSING_TOPIC_BACKOFF.delay(self._relookups))
             else:
                 self._relookups = 0
             timeout = min([*waits, 30.0])
@@ -783,7 +852,13 @@ class Consumer:
             self._fail(exc)
             return
         failures = self._count_failure(key, first_at_once=False)
-        log.warning("%s: subscribing to %s failed (%s); retrying", self.topic, key[0], exc)
+        self._warn(
+            ("subscribe", key[0]),
+            "%s: subscribing to %s failed (%s); retrying",
+            self.topic,
+            key[0],
+            exc,
+        )
         # The layout may be stale (a moved leader): read it again from nsqlookupd when nsqd
         # says so or when subscribing keeps failing.
         self._wake_up(
@@ -819,7 +894,9 @@ class Consumer:
             self._check_drained()
             return
         self._stats.reconnects += 1
-        log.warning("%s: connection to %s lost: %s", self.topic, sub.address, exc)
+        self._warn(
+            ("lost", sub.address), "%s: connection to %s lost: %s", self.topic, sub.address, exc
+        )
         if isinstance(exc, ServerError) and not exc.retriable:
             self._fail(exc)
             return
@@ -875,9 +952,10 @@ class Consumer:
             updates = controller.on_message(sub)
             if updates:
                 self._apply(updates)
-        if self._state != "started" and self._state != "starting":
-            return  # closing: not handed out; nsqd redelivers it after we disconnect
-        if sub.closing:
+        if (self._state != "started" and self._state != "starting") or sub.closing:
+            # Closing (or this subscription retires): nobody takes it here, hand it back now
+            # rather than hold it until the connection closes.
+            self._hand_back(message)
             return
         if message.ext_raw is not None and MARKER in message.ext_raw:
             self._decompress(message)
@@ -1036,20 +1114,40 @@ class Consumer:
                 self._finish_success(message, sub)
         elif isinstance(exc, asyncio.CancelledError):
             pass  # the consumer is closing: unanswered, nsqd redelivers it
+        elif not isinstance(exc, Exception):
+            # SystemExit, KeyboardInterrupt: they go on up (run_eager, _thread_done raise
+            # them); the message goes back to nsqd at once, not counted as a failure.
+            if not message.responded:
+                self._answer(message, commands.req(message.id, 0), "neutral", "requeued")
         else:
             self._stats.handler_errors += 1
-            log.warning(
-                "%s: handler failed for message %s (attempt %d): %r",
-                self.topic,
-                message.id.hex(),
-                message.attempts,
-                exc,
-                exc_info=exc if log.isEnabledFor(logging.DEBUG) else None,
-            )
+            self._log_failure(message, exc)
             if not message.responded:
                 self._failed(message)
         if self.ordered:
             self._next_ordered(sub, message)
+
+    def _log_failure(self, message: Message, exc: BaseException) -> None:
+        """A handler failure, with its traceback; at most one per exception type every
+        LOG_INTERVAL seconds (a handler failing on every message would flood the log)."""
+        held = self._throttle.allow(("handler", type(exc)))
+        if held is None:
+            return
+        log.warning(
+            "%s: handler failed for message %s (attempt %d): %r%s",
+            self.topic,
+            message.id.hex(),
+            message.attempts,
+            exc,
+            LogThrottle.note(held, self._throttle.interval),
+            exc_info=exc,
+        )
+
+    def _warn(self, key: Hashable, text: str, *args: object) -> None:
+        """A warning that repeats (a node refusing every reconnection): rate-limited."""
+        held = self._throttle.allow(key)
+        if held is not None:
+            log.warning(text + LogThrottle.note(held, self._throttle.interval), *args)
 
     def _next_ordered(self, sub: _Subscription, message: Message) -> None:
         """``message``'s turn is over (it was handled, or answered from the iterator): the
@@ -1057,7 +1155,7 @@ class Consumer:
         if message.waiting or sub.current is not message:
             return  # its REQ 0 is still to come, or its turn was released already
         sub.current = None
-        if sub.queue and not sub.closing:
+        if sub.queue and not sub.closing and self._state == "started":
             nxt = sub.queue.popleft()
             sub.current = nxt
             self._dispatch(nxt)
@@ -1272,9 +1370,59 @@ class Consumer:
 
     # ------------------------------------------------------------------ iteration
 
-    def __aiter__(self) -> Consumer:
+    async def getmany(self, max_messages: int = 100, timeout: float | None = None) -> list[Message]:
+        """Up to ``max_messages`` messages at once, for consumers without a handler: what
+        has arrived, at once; if nothing has, the first ones to arrive within ``timeout``
+        seconds (None: wait for them). An empty list means the timeout passed, or the
+        consumer was closed; if it stopped by an error, that error is raised. Answer each
+        message (``finish``, ``requeue``, or ``async with message``)."""
+        if type(max_messages) is not int or max_messages < 1:
+            raise ValidationError("max_messages", "must be an int >= 1")
+        if timeout is not None:
+            timeout = check_seconds("timeout", timeout, positive=False)
+        self._check_iterable()
+        if self._state == "new":
+            await self.start()
+        if not self._inbox and self._state in ("started", "starting"):
+            try:
+                await asyncio.wait_for(asyncio.shield(self._arrival()), timeout)
+            except asyncio.TimeoutError:
+                return []
+        if not self._inbox and self._fatal is not None:
+            raise self._fatal
+        inbox = self._inbox
+        return [inbox.popleft() for _ in range(min(max_messages, len(inbox)))]
+
+    def _arrival(self) -> asyncio.Future[None]:
+        """A future done when a message reaches the iterator's inbox (or it closes)."""
+        waiter = self._inbox_waiter
+        if waiter is None or waiter.done():
+            waiter = self._inbox_waiter = asyncio.get_running_loop().create_future()
+        return waiter
+
+    def _check_iterable(self) -> None:
         if self.handler is not None:
             raise ValidationError("handler", "a consumer with a handler cannot be iterated")
+
+    def _context_exit(self, message: Message, exc: BaseException | None) -> bool:
+        """``async with message:`` is over: finish it, or, after an exception, requeue it
+        like a failed handler (the exception is logged and swallowed). Cancellation,
+        SystemExit and KeyboardInterrupt hand the message back and go on up."""
+        if message.responded:
+            return False
+        if exc is None:
+            self.finish(message)
+            return False
+        if not isinstance(exc, Exception):
+            self._hand_back(message)
+            return False
+        self._stats.handler_errors += 1
+        self._log_failure(message, exc)
+        self._failed(message)
+        return True
+
+    def __aiter__(self) -> Consumer:
+        self._check_iterable()
         return self
 
     async def __anext__(self) -> Message:
@@ -1287,15 +1435,16 @@ class Consumer:
                 if self._fatal is not None:
                     raise self._fatal
                 raise StopAsyncIteration
-            loop = asyncio.get_running_loop()
-            self._inbox_waiter = loop.create_future()
-            await self._inbox_waiter
-            self._inbox_waiter = None
+            await self._arrival()
 
 
 def _thread_done(done: _Done, message: Message, future: asyncio.Future[Any]) -> None:
-    """A handler run in a thread is over: ``done(message, exc)``."""
-    done(message, asyncio.CancelledError() if future.cancelled() else future.exception())
+    """A handler run in a thread is over: ``done(message, exc)``. SystemExit and
+    KeyboardInterrupt raised by the handler are raised again, on the loop."""
+    exc = asyncio.CancelledError() if future.cancelled() else future.exception()
+    done(message, exc)
+    if exc is not None and not isinstance(exc, (Exception, asyncio.CancelledError)):
+        raise exc
 
 
 def _check_max_in_flight(value: int) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from smartnsq.protocol.message import EXT_VERSION_JSON, EXT_VERSION_TAG, MessageFrame
@@ -90,6 +91,20 @@ class Message(MessageFrame):
     async def touch(self) -> None:
         """Reset the message's timeout on nsqd (never sent automatically)."""
         self._sub.consumer.touch(self)
+
+    async def __aenter__(self) -> Message:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        """``async with message:`` finishes the message when the block ends, or requeues it
+        (with the backoff) when the block raises: the exception is logged and counted like
+        a handler's, and does not propagate. An answer given inside the block stands."""
+        return self._sub.consumer._context_exit(self, exc)
 
     def __repr__(self) -> str:
         where = f"{self._sub.topic}/{self._sub.partition}" if hasattr(self, "_sub") else "?"

@@ -602,6 +602,29 @@ class Consumer(_Client):
             raise StopIteration
         return Message(message, self._runner)
 
+    def getmany(self, max_messages: int = 100, timeout: float | None = None) -> list[Message]:
+        """Blocking :meth:`smartnsq.Consumer.getmany`: up to ``max_messages`` messages, what
+        has arrived or the first ones within ``timeout`` seconds ([] after the timeout, or
+        once closed)."""
+        self._check("getmany")
+        if self._state == "new":
+            self.start()
+
+        async def fetch() -> list[AsyncMessage]:
+            async with self._next_lock:
+                return await self._consumer.getmany(max_messages, timeout)
+
+        try:
+            messages = self._runner.run(fetch(), None, "getmany()")
+        except ClientClosedError:
+            if self._state not in ("closing", "closed"):
+                raise
+            return []
+        except Exception as exc:
+            self._stopped_by(exc)
+            raise
+        return [Message(message, self._runner) for message in messages]
+
     def __enter__(self) -> Consumer:
         try:
             return self.start()
@@ -741,6 +764,22 @@ class Message:
         """Blocking :meth:`smartnsq.Message.touch` (TOUCH)."""
         self._runner.check("Message.touch()")
         return self._runner.run(self._message.touch(*args, **kwargs), _GRACE, "touch()")
+
+    def __enter__(self) -> Message:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        """``with message:`` finishes the message when the block ends, or requeues it (with
+        the backoff) when the block raises: the exception is logged and counted like a
+        handler's, and does not propagate (see :meth:`smartnsq.Message.__aexit__`)."""
+        message = self._message
+        consumer = message._sub.consumer
+        return self._runner.call(lambda: consumer._context_exit(message, exc), "__exit__()")
 
     def __repr__(self) -> str:
         return f"<sync {self._message!r}>"

@@ -65,6 +65,7 @@ from smartnsq.protocol.lookupd import (
     unwrap_response,
 )
 from smartnsq.protocol.validation import check_topic
+from smartnsq.transport.httplog import quiet
 
 __all__ = [
     "DEFAULT_LOOKUPD_PORT",
@@ -674,12 +675,13 @@ class LookupManager:
         params: dict[str, str] | None,
         tolerate_404: bool,
     ) -> object:
-        response = await self._http().get(
-            lookupd.base_url + path,
-            params=params,
-            headers={"Accept": ACCEPT_V1},
-            timeout=self._timeout,
-        )
+        with quiet():
+            response = await self._http().get(
+                lookupd.base_url + path,
+                params=params,
+                headers={"Accept": ACCEPT_V1},
+                timeout=self._timeout,
+            )
         status = response.status_code
         try:
             return unwrap_response(status, response.headers, response.content)
