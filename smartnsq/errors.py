@@ -44,6 +44,7 @@ __all__ = [
     "NSQTimeoutError",
     "NoWritablePartitionError",
     "NotLeaderError",
+    "NotLookupdError",
     "NotWritableError",
     "OrderViolationError",
     "OrderedSubscribeRequiredError",
@@ -399,6 +400,11 @@ class TopicHasNoChannelError(NSQError):
 
 class LookupFailedError(NSQError):
     """No nsqlookupd answered a lookup."""
+
+
+class NotLookupdError(LookupFailedError):
+    """An address given as an nsqlookupd answers HTTP, but not as one (an nsqd's HTTP port,
+    another web service): a configuration mistake that retrying cannot fix."""
 
 
 class NoWritablePartitionError(NSQError):

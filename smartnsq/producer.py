@@ -26,6 +26,7 @@ from smartnsq.errors import (
     ClientClosedError,
     NoWritablePartitionError,
     NSQError,
+    NSQTimeoutError,
     PublishError,
     UnsupportedFeatureError,
     ValidationError,
@@ -279,13 +280,29 @@ class Producer:
             if self._state == "started":
                 return self
             self._state = "starting"
+            timeout = self.connection_config.connect_timeout
             try:
-                await asyncio.wait_for(self._warm_up(), self.connection_config.connect_timeout)
+                await asyncio.wait_for(self._warm_up(), timeout)
+            except asyncio.TimeoutError:
+                self._state = "new"
+                raise NSQTimeoutError(
+                    f"the producer could not start within {timeout} s: {self._awaited()}"
+                ) from None
             except BaseException:
                 self._state = "new"
                 raise
             self._state = "started"
         return self
+
+    def _awaited(self) -> str:
+        """What start() waits for, to say what did not answer."""
+        if self._lookup is not None:
+            return "no nsqlookupd answered at " + ", ".join(self._lookup.lookupd_addresses)
+        return (
+            "no nsqd completed the NSQ handshake at "
+            + ", ".join(self._nsqd)
+            + " (nsqd TCP ports, default 4150?)"
+        )
 
     async def _warm_up(self) -> None:
         if self._lookup is not None:

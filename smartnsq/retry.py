@@ -11,6 +11,7 @@ from tenacity import RetryCallState
 from smartnsq.errors import (
     ConnectionClosedError,
     LookupFailedError,
+    NotLookupdError,
     NoWritablePartitionError,
     NSQTimeoutError,
     ServerError,
@@ -28,7 +29,7 @@ def is_retriable(exc: BaseException) -> bool:
     input and misconfiguration do not."""
     if isinstance(exc, ServerError):
         return exc.retriable
-    return isinstance(exc, _TRANSIENT)
+    return isinstance(exc, _TRANSIENT) and not isinstance(exc, NotLookupdError)
 
 
 def needs_lookup_refresh(exc: BaseException) -> bool:

@@ -221,7 +221,14 @@ class _HttpProtocol(asyncio.Protocol):
             self._task.add_done_callback(self._server._tasks.discard)
 
     def _next_request(self) -> Request | bool | None:
-        """A complete request, None if more bytes are needed, False if malformed."""
+        """A complete request, None if more bytes are needed, False if malformed. Like Go's
+        net/http, a first line that is not ``METHOD target HTTP/x.y`` is refused as soon as
+        it ends (an NSQ TCP client sent to an HTTP port gets its 400 at once)."""
+        first = self._buf.find(b"\n")
+        if first >= 0:
+            words = bytes(self._buf[:first]).rstrip(b"\r").split(b" ")
+            if len(words) != 3 or not words[2].startswith(b"HTTP/1."):
+                return False
         end = self._buf.find(b"\r\n\r\n")
         if end < 0:
             return False if len(self._buf) > MAX_HEADER_BYTES else None
@@ -258,7 +265,7 @@ class _HttpProtocol(asyncio.Protocol):
             if request is None:
                 return
             if request is False:
-                self._write(Response(400, b"bad request"), keep_alive=False)
+                self._write(Response(400, b"400 Bad Request"), keep_alive=False)
                 self.close()
                 return
             if not isinstance(request, Request):

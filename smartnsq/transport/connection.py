@@ -280,10 +280,13 @@ class Connection(ReusableReadBuffer):
         try:
             await asyncio.wait_for(self._handshake(), timeout)
         except asyncio.TimeoutError:
-            self.abort(NSQTimeoutError(f"handshake with {self.address} timed out"))
-            raise NSQTimeoutError(
-                f"handshake with {self.address} timed out after {timeout} s"
-            ) from None
+            error = NSQTimeoutError(
+                f"{self.address} accepted the connection but did not answer the NSQ handshake "
+                f"(IDENTIFY) within {timeout} s: is it an nsqd TCP port (default 4150), and is "
+                "that nsqd responsive?"
+            )
+            self.abort(error)
+            raise error from None
         except BaseException as exc:
             self.abort(exc if isinstance(exc, Exception) else None)
             raise
@@ -389,6 +392,16 @@ class Connection(ReusableReadBuffer):
 
     def data_received(self, data: memoryview) -> None:
         self._last_recv = time.monotonic()
+        if not self._connected and bytes(data[:5]) == b"HTTP/":
+            # An HTTP server refusing our IDENTIFY: not an NSQ TCP port.
+            status = bytes(data[:64]).split(b"\r\n", 1)[0].decode("latin-1")
+            self.abort(
+                ProtocolError(
+                    f"{self.address} answered in HTTP ({status!r}): it is an HTTP port, not "
+                    "an nsqd TCP port (nsqd's default is 4150, its HTTP port 4151)"
+                )
+            )
+            return
         try:
             self._decoder.feed(data)
         except ProtocolError as exc:

@@ -42,6 +42,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from smartnsq.errors import (
     ClientClosedError,
     LookupFailedError,
+    NotLookupdError,
     NSQError,
     ProtocolError,
     TopicHasNoChannelError,
@@ -138,6 +139,7 @@ class _Lookupd:
     retry_at: float = 0.0
     last_error: str = ""
     classic: bool = False  # answered /listlookup with a 404: a classic nsqlookupd
+    not_lookupd: str = ""  # why it is not an nsqlookupd at all (an nsqd's HTTP port...)
 
 
 @dataclass(eq=False)
@@ -324,6 +326,10 @@ class LookupManager:
         """
         self._check_open()
         await self._discover()
+        lookupds = list(self._lookupds.values())
+        wrong = [lookupd for lookupd in lookupds if lookupd.not_lookupd]
+        if wrong and len(wrong) == len(lookupds):
+            raise NotLookupdError("; ".join(lookupd.not_lookupd for lookupd in wrong))
         if all(lookupd.failures for lookupd in self._lookupds.values()):
             details = "; ".join(
                 f"{lookupd.address}: {lookupd.last_error}" for lookupd in self._lookupds.values()
@@ -593,7 +599,12 @@ class LookupManager:
         try:
             payload = await self._get(lookupd, "/listlookup", None, tolerate_404=True)
             if isinstance(payload, LookupdHTTPError):
-                # A classic nsqlookupd has no /listlookup (404); keep what we know.
+                # A classic nsqlookupd has no /listlookup (404); keep what we know. So has an
+                # nsqd's HTTP port, or another web service: /info tells them apart.
+                if not lookupd.classic:
+                    lookupd.not_lookupd = await self._not_lookupd(lookupd)
+                    if lookupd.not_lookupd:
+                        self._logger.warning("%s", lookupd.not_lookupd)
                 lookupd.classic = True
                 self._mark_ok(lookupd)
                 self._logger.debug("nsqlookupd %s: no /listlookup (%s)", lookupd.address, payload)
@@ -605,12 +616,35 @@ class LookupManager:
         self._mark_ok(lookupd)
         return nodes
 
+    async def _not_lookupd(self, lookupd: _Lookupd) -> str:
+        """Why ``lookupd`` is not an nsqlookupd ("" if it may well be one), from ``/info``:
+        nsqd's names its TCP and HTTP ports, an nsqlookupd's does not."""
+        where = lookupd.base_url
+        try:
+            info = await self._get(lookupd, "/info", None)
+        except ProtocolError as exc:
+            return (
+                f"{where} is not an nsqlookupd: it answers HTTP, but not as nsqlookupd does "
+                f"({exc}); give nsqlookupd's HTTP address (default port 4161)"
+            )
+        except _FAILURES:
+            return ""  # not answering now says nothing about what it is
+        if isinstance(info, dict) and "tcp_port" in info:
+            return (
+                f"{where} is an nsqd's HTTP address, not an nsqlookupd: give nsqlookupd's HTTP "
+                f"address (default port 4161), or nsqd=['{_nsqd_tcp(lookupd, info)}'] to use "
+                "that classic nsqd directly"
+            )
+        return ""
+
     # ------------------------------------------------------------------ health
 
     def _pick(self) -> list[_Lookupd]:
-        """The lookupds to ask now: the healthy ones, or all when none is."""
+        """The lookupds to ask now: the healthy ones, or all when none is (never an address
+        found not to be an nsqlookupd, unless there is no other)."""
         now = self._clock()
-        every = list(self._lookupds.values())
+        every = [lookupd for lookupd in self._lookupds.values() if not lookupd.not_lookupd]
+        every = every or list(self._lookupds.values())
         healthy = [lookupd for lookupd in every if lookupd.retry_at <= now]
         return healthy or every
 
@@ -752,6 +786,12 @@ class LookupManager:
                 self._logger.exception(
                     "lookup watcher %r of %r (access=%s) failed", watcher.callback, *key
                 )
+
+
+def _nsqd_tcp(lookupd: _Lookupd, info: dict[str, object]) -> str:
+    """The TCP address of the nsqd whose HTTP port ``lookupd`` is (from its ``/info``)."""
+    host = lookupd.address.rsplit(":", 1)[0]
+    return f"{host}:{info.get('tcp_port')}"
 
 
 def _summary(layout: TopicLayout) -> str:

@@ -17,6 +17,7 @@ import pytest
 from smartnsq.errors import (
     ClientClosedError,
     LookupFailedError,
+    NotLookupdError,
     TopicHasNoChannelError,
     TopicNotFoundError,
     ValidationError,
@@ -96,6 +97,8 @@ class FakeLookupd:
     lookup: Answer = field(default_factory=lambda: youzan_answer({0: 24510}))
     listlookup: Answer = field(default_factory=lambda: NO_COORDINATOR)
     nodes: Answer | None = None
+    # what every nsqlookupd answers on /info (an nsqd's /info also names its ports)
+    info: Answer = field(default_factory=lambda: v1({"version": "1.3.0"}))
     down: bool = False
     delay: float = 0.0
     gate: asyncio.Event | None = None
@@ -109,6 +112,8 @@ class FakeLookupd:
             raise httpx.ConnectError("connection refused", request=request)
         if request.url.path == "/nodes" and self.nodes is not None:
             answer = self.nodes
+        elif request.url.path == "/info":
+            answer = self.info
         else:
             answer = self.lookup if request.url.path == "/lookup" else self.listlookup
         return answer(request) if callable(answer) else answer
@@ -934,3 +939,17 @@ async def test_lookup_each_reports_every_lookupd_unmerged(make: Make) -> None:
     (only,) = await make(missing, [A]).lookup_each("nope", "r")
     assert only.topic_not_found
     assert only.layout is None
+
+
+async def test_an_nsqd_given_as_a_lookupd_is_named_and_skipped(make: Make) -> None:
+    cluster = FakeCluster()
+    nsqd = cluster.add(A, FakeLookupd(listlookup=NO_LISTLOOKUP))
+    nsqd.info = v1({"version": "1.3.0", "tcp_port": 4150, "http_port": 4161})
+    manager = make(cluster, [A])
+    with pytest.raises(NotLookupdError, match="is an nsqd's HTTP address"):
+        await manager.discover()
+    cluster.add(B)
+    both = make(cluster, [A, B])
+    await both.discover()  # one real lookupd is enough; the nsqd is never asked to look up
+    await both.lookup("t")
+    assert (cluster.count(A, "/lookup"), cluster.count(B, "/lookup")) == (0, 1)
