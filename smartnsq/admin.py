@@ -102,6 +102,7 @@ class Admin:
         await self.close()
 
     async def close(self) -> None:
+        """Close the HTTP client; the Admin cannot be used afterwards."""
         self._closed = True
         if self._client is not None:
             await self._client.aclose()

@@ -582,6 +582,7 @@ class Consumer:
             self._apply(self._controller.set_max_in_flight(budget))
 
     def stats(self) -> ConsumerStats:
+        """A snapshot of the counters since start (see :class:`ConsumerStats`); also after close."""
         snapshot = ConsumerStats(**self._stats.__dict__)
         snapshot.per_partition = dict(self._stats.per_partition)
         snapshot.connections = sum(1 for s in self._subs.values() if s.conn.is_open)

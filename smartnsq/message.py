@@ -38,14 +38,17 @@ class Message(MessageFrame):
 
     @property
     def topic(self) -> str:
+        """The topic it was consumed from."""
         return self._sub.topic
 
     @property
     def channel(self) -> str:
+        """The channel it was consumed from."""
         return self._sub.channel
 
     @property
     def partition(self) -> int | None:
+        """Its partition (None on classic nsqd)."""
         return self._sub.partition
 
     @property

@@ -470,10 +470,12 @@ class Consumer(_Client):
 
     @property
     def topic(self) -> str:
+        """The topic consumed."""
         return self._consumer.topic
 
     @property
     def channel(self) -> str:
+        """The channel consumed."""
         return self._consumer.channel
 
     def start(self) -> Consumer:
@@ -685,6 +687,7 @@ class Message:
 
     @property
     def body(self) -> bytes:
+        """The message body."""
         return self._message.body
 
     @property
@@ -694,6 +697,7 @@ class Message:
 
     @property
     def attempts(self) -> int:
+        """How many times nsqd delivered it (1 the first time)."""
         return self._message.attempts
 
     @property
@@ -703,38 +707,47 @@ class Message:
 
     @property
     def topic(self) -> str:
+        """The topic it was consumed from."""
         return self._message.topic
 
     @property
     def channel(self) -> str:
+        """The channel it was consumed from."""
         return self._message.channel
 
     @property
     def partition(self) -> int | None:
+        """Its partition (None on classic nsqd)."""
         return self._message.partition
 
     @property
     def internal_id(self) -> int | None:
+        """youzan: the id within its partition (grows monotonically); None on classic nsqd."""
         return self._message.internal_id
 
     @property
     def trace_id(self) -> int | None:
+        """youzan: its trace id (0 when not traced); None on classic nsqd."""
         return self._message.trace_id
 
     @property
     def offset(self) -> int | None:
+        """youzan: its queue offset (ordered and advanced subscriptions), else None."""
         return self._message.offset
 
     @property
     def raw_size(self) -> int | None:
+        """youzan: its size on disk (ordered and advanced subscriptions), else None."""
         return self._message.raw_size
 
     @property
     def ext(self) -> dict[str, Any] | None:
+        """The parsed JSON ext header (youzan ext topics), or None."""
         return self._message.ext
 
     @property
     def tag(self) -> str | None:
+        """The dispatch tag (``##client_dispatch_tag`` or a legacy tag ext), if any."""
         return self._message.tag
 
     @property

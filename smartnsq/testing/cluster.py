@@ -118,6 +118,7 @@ class Cluster:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> Cluster:
+        """Start every nsqlookupd and nsqd (what ``async with Cluster(...)`` does)."""
         if self._started:
             raise ClusterError("cluster already started")
         self._started = True
@@ -139,6 +140,7 @@ class Cluster:
         node.http_port = http.port
 
     async def stop(self) -> None:
+        """Stop every server and task; safe to call twice."""
         if self._stopped or not self._started:
             self._stopped = True
             return
@@ -174,6 +176,7 @@ class Cluster:
         await self.stop()
 
     def track(self, task: asyncio.Task[Any]) -> None:
+        """Keep a background task of the emulator referenced until done; cancelled by stop()."""
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -202,6 +205,7 @@ class Cluster:
 
     @property
     def lookupd_urls(self) -> list[str]:
+        """HTTP URL of every nsqlookupd, by index."""
         return [lk.url for lk in self.lookupds]
 
     @property
@@ -211,9 +215,11 @@ class Cluster:
 
     @property
     def nsqd_http_addresses(self) -> list[str]:
+        """HTTP ``host:port`` of every nsqd, indexed by node number."""
         return [node.http_address for node in self.nodes]
 
     def lookupd_leader(self) -> LookupdNode | None:
+        """The nsqlookupd that leads (the first running one), or None when all are stopped."""
         for lookupd in self.lookupds:
             if lookupd.running:
                 return lookupd
@@ -477,6 +483,7 @@ class Cluster:
                 copy.follows = channel
 
     def client_left(self, channel: Channel) -> None:
+        """A client left ``channel``: an ephemeral channel without clients is deleted."""
         if channel.name.endswith("#ephemeral") and not channel.clients:
             channel.log.channels.pop(channel.name, None)
             partition = self._partitions_by_log.get(id(channel.log))
@@ -491,6 +498,7 @@ class Cluster:
         return self._loop
 
     def classic_topic(self, node: NsqdNode, name: str) -> PartitionLog:
+        """A classic nsqd's topic, created on first use (as PUB or SUB do)."""
         log_ = node.classic_topics.get(name)
         if log_ is None:
             log_ = PartitionLog(None, ext=False, classic=True, topic_name=name)
@@ -508,6 +516,7 @@ class Cluster:
         self.changed()
 
     def partition_of(self, log_: PartitionLog) -> Partition | None:
+        """The youzan partition a log belongs to (None for a classic topic)."""
         return self._partitions_by_log.get(id(log_))
 
     def _topic(self, name: str) -> Topic:
@@ -535,6 +544,7 @@ class Cluster:
         }
 
     def leader(self, topic: str, partition: int) -> int | None:
+        """The node number leading ``partition`` (None while it has no leader)."""
         return self._partition(topic, partition).leader
 
     def is_stable(self) -> bool:
@@ -627,6 +637,7 @@ class Cluster:
         await asyncio.sleep(0)
 
     def move_leader_now(self, topic: str, partition: int, to_node: int) -> None:
+        """:meth:`move_leader` without awaiting."""
         if self._partition(topic, partition).leader == to_node:
             return
         self.move_partition_now(topic, partition, move_leader=True, to_node=to_node)
@@ -706,6 +717,7 @@ class Cluster:
         await asyncio.sleep(0)
 
     def delete_topic_now(self, name: str) -> None:
+        """:meth:`delete_topic` without awaiting."""
         topic = self._topic(name)
         for part in topic.partitions.values():
             self._cancel_failover(part)
@@ -819,6 +831,7 @@ class Cluster:
         self._node(index).heartbeats_enabled = False
 
     def resume_heartbeats(self, index: int) -> None:
+        """The node sends heartbeats again (see :meth:`suspend_heartbeats`)."""
         self._node(index).heartbeats_enabled = True
 
     def set_latency(self, index: int, seconds: float) -> None:
@@ -828,9 +841,11 @@ class Cluster:
         self._node(index).latency = seconds
 
     async def stop_lookupd(self, index: int) -> None:
+        """Stop an nsqlookupd (its port stays reserved for a restart)."""
         await self.lookupds[index].stop()
 
     async def start_lookupd(self, index: int) -> None:
+        """Start a stopped nsqlookupd again, on the same port."""
         await self.lookupds[index].start()
 
     def freeze_lookupd(self, index: int, topics: Sequence[str]) -> None:
@@ -838,6 +853,7 @@ class Cluster:
         self.lookupds[index].snapshot(list(topics))
 
     def thaw_lookupd(self, index: int) -> None:
+        """The lookupd answers from the live state again (see :meth:`freeze_lookupd`)."""
         self.lookupds[index].frozen = None
 
     async def disable_write(self, kind: str = "all") -> None:
@@ -874,6 +890,7 @@ class Cluster:
         return sum(c.depth for c in self._channels(topic, channel, partition))
 
     def in_flight(self, topic: str, channel: str, partition: int | None = None) -> int:
+        """Messages of the channel (or of one partition of it) delivered and not answered yet."""
         return sum(len(c.in_flight) for c in self._channels(topic, channel, partition))
 
     def subscriber_rdy(self, topic: str, channel: str, partition: int | None = None) -> list[int]:
@@ -891,4 +908,5 @@ class Cluster:
         return sum(c.depth + len(c.in_flight) for c in self._channels(topic, channel))
 
     def clients(self, index: int) -> int:
+        """How many client connections a node has (producers and consumers)."""
         return len(self._node(index).sessions)

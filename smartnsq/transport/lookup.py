@@ -256,6 +256,7 @@ class LookupManager:
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
         return self._closed
 
     @property
