@@ -2,6 +2,7 @@
 
 Every test here is marked ``docker``. Without an engine they are all skipped with one reason;
 with one, the session ends by checking that no container or network it created is left.
+With ``$SMARTNSQ_REQUIRE_DOCKER`` set (CI) a missing engine is an error instead.
 The smartnsq image comes from ``$SMARTNSQ_TEST_IMAGE`` (CI builds it); the youzan and classic
 clusters run only when ``$SMARTNSQ_YOUZAN_IMAGE`` / ``$SMARTNSQ_CLASSIC_IMAGE`` name images.
 """
@@ -35,6 +36,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not mine:
         return
     reason = unavailable()
+    if reason is not None and os.environ.get("SMARTNSQ_REQUIRE_DOCKER"):
+        raise pytest.UsageError(f"$SMARTNSQ_REQUIRE_DOCKER is set, but {reason}")
     for item in mine:
         item.add_marker(pytest.mark.docker)
         if reason is not None:

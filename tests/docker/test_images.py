@@ -46,6 +46,7 @@ async def _round_trip(
 
 
 @needs_youzan
+@pytest.mark.timeout(600)
 async def test_youzan_cluster_with_a_failover() -> None:
     async with YouzanContainerCluster(3) as cluster:
         await cluster.create_topic("orders", 2, 2, channels=["c"])
@@ -58,6 +59,7 @@ async def test_youzan_cluster_with_a_failover() -> None:
 
 
 @needs_classic
+@pytest.mark.timeout(300)
 async def test_classic_cluster() -> None:
     async with ClassicContainerCluster() as cluster:
         await cluster.create_topic("events", channels=["c"])
