@@ -105,7 +105,10 @@ def test_embedded_profile_publish_and_consume(embedded_profile: str) -> None:
         received.append(message.body)
         got.set()
 
-    with sync.Consumer("orders", "billing", lookupd=[lookupd], handler=handle) as consumer:
+    # max_in_flight >= the 4 partitions: every connection may receive at once.
+    with sync.Consumer(
+        "orders", "billing", lookupd=[lookupd], handler=handle, max_in_flight=10
+    ) as consumer:
         runner = threading.Thread(target=consumer.run)
         runner.start()
         assert got.wait(20)
