@@ -55,9 +55,14 @@ from smartnsq.transport.connection import Compression, Connection, ConnectionCon
 from smartnsq.transport.lookup import LookupManager
 from smartnsq.transport.targets import resolve_targets
 
-__all__ = ["Consumer", "ConsumerStats"]
+__all__ = ["ORDERED_REQUEUE_DELAY", "REQUEUE_DELAY", "Consumer", "ConsumerStats"]
 
 log = logging.getLogger("smartnsq.consumer")
+
+# Seconds a failed message waits before its redelivery, times its attempts (go-nsq's
+# default_requeue_delay); ordered consumers retry sooner (the partition waits meanwhile).
+REQUEUE_DELAY = 90.0
+ORDERED_REQUEUE_DELAY = 0.1
 
 Handler = Callable[[Message], Any]
 GivingUp = Callable[[Message], Any]
@@ -78,6 +83,10 @@ class ConsumerStats:
     handler_errors: int = 0
     lost_answers: int = 0  # answers not sent because the connection had closed
     server_errors: int = 0  # non-fatal errors nsqd reported (E_FIN_FAILED...)
+    # deliveries of a message already in flight on the same connection: dropped unanswered
+    duplicates: int = 0
+    # ordered mode: redeliveries of messages this consumer had finished, FINed unhandled
+    replays_skipped: int = 0
     order_violations: int = 0
     connects: int = 0
     reconnects: int = 0
@@ -91,14 +100,16 @@ class _Subscription:
 
     __slots__ = (
         "address",
-        "busy",
         "channel",
         "closing",
         "conn",
         "consumer",
+        "current",
         "in_flight",
         "key",
+        "last",
         "partition",
+        "pending",
         "queue",
         "topic",
     )
@@ -111,8 +122,14 @@ class _Subscription:
         self.channel = consumer.channel
         self.conn = conn
         self.in_flight = 0
+        # ids delivered on this connection and not answered yet: nsqd may send one twice
+        self.pending: set[bytes] = set()
+        # ordered mode: (id, attempts) of the last delivery; a copy may follow it at once
+        self.last: tuple[bytes, int] | None = None
         self.closing = False
-        self.busy = False  # ordered mode: a handler is running for this partition
+        # ordered mode: the message this partition's turn belongs to (handled, or handed out
+        # by the iterator) until it is over; the others wait in `queue`
+        self.current: Message | None = None
         self.queue: deque[Message] = deque()
 
     def __repr__(self) -> str:
@@ -137,17 +154,18 @@ class Consumer:
         lookupd: Sequence[str] | None = None,
         nsqd: Sequence[str] | None = None,
         handler: Handler | None = None,
-        max_in_flight: int = 1,
+        max_in_flight: int | None = None,
         ordered: bool = False,
         partitions: Sequence[int] | None = None,
         max_attempts: int = 5,
-        requeue_delay: float = 90.0,
+        requeue_delay: float | None = None,
         max_requeue_delay: float = 900.0,
         backoff: BackoffPolicy | bool = True,
         on_giving_up: GivingUp | None = None,
         dead_letter_path: str | os.PathLike[str] | None = None,
         ordered_give_up: bool = False,
         raise_on_order_violation: bool = False,
+        skip_replays: bool | None = None,
         start: StartPosition | None = None,
         desired_tag: str | None = None,
         msg_timeout: float | None = None,
@@ -172,10 +190,14 @@ class Consumer:
     ) -> None:
         self.topic = check_topic(topic)
         self.channel = check_channel(channel)
-        _check_max_in_flight(max_in_flight)
+        if max_in_flight is not None:
+            _check_max_in_flight(max_in_flight)
         if type(max_attempts) is not int or max_attempts < 1:
             raise ValidationError("max_attempts", "must be an int >= 1")
         # Checked here, not only when a failed message computes its delay (too late then).
+        if requeue_delay is None:
+            # A failed ordered message blocks its partition while it waits: retry it soon.
+            requeue_delay = ORDERED_REQUEUE_DELAY if ordered else REQUEUE_DELAY
         self.requeue_delay = check_seconds("requeue_delay", requeue_delay, positive=False)
         self.max_requeue_delay = check_seconds(
             "max_requeue_delay", max_requeue_delay, positive=False
@@ -191,6 +213,10 @@ class Consumer:
             raise ValidationError("start", "a start position needs SUB_ADVANCED, not ordered mode")
         if ordered and sample_rate:
             raise ValidationError("sample_rate", "ordered consumption needs sample_rate 0")
+        if skip_replays and not ordered:
+            raise ValidationError(
+                "skip_replays", "needs ordered=True (ordered deliveries carry queue offsets)"
+            )
         self.partitions = (
             None if partitions is None else frozenset(check_partition(p) for p in partitions)
         )
@@ -201,6 +227,7 @@ class Consumer:
         self.max_attempts = max_attempts
         self.ordered_give_up = ordered_give_up
         self.raise_on_order_violation = raise_on_order_violation
+        self.skip_replays = ordered if skip_replays is None else skip_replays
         self.start_position = start
         self.desired_tag = desired_tag
         self.on_giving_up = on_giving_up
@@ -209,7 +236,10 @@ class Consumer:
             self.backoff: BackoffPolicy | None = backoff
         else:
             self.backoff = BackoffPolicy() if backoff else None
-        self.reconnect_backoff = reconnect_backoff or Backoff(initial=0.5, maximum=30.0)
+        # Short: after a leader failover or restart, the partition is consumed again within
+        # about two seconds of its leader taking writes (reconnecting to a node that is down
+        # costs one refused connection per try).
+        self.reconnect_backoff = reconnect_backoff or Backoff(initial=0.1, maximum=1.5)
         self.connection_config = ConnectionConfig.build(
             client_id=client_id,
             user_agent=user_agent,
@@ -229,7 +259,10 @@ class Consumer:
             poll_interval=lookupd_poll_interval,
             address_map=address_map,
         )
-        self._max_in_flight = max_in_flight
+        # None: one message in flight per subscription (each partition, or each classic
+        # nsqd, serves the handler one message at a time; ordered partitions do anyway)
+        self._auto_budget = max_in_flight is None
+        self._max_in_flight = 1 if max_in_flight is None else max_in_flight
         self._low_rdy = (low_rdy_idle_timeout, low_rdy_timeout)
         self._handler_threads = handler_threads
         self._is_coroutine = handler is not None and is_coroutine_function(handler)
@@ -239,6 +272,9 @@ class Consumer:
         self._retry_at: dict[_Key, float] = {}
         self._failures: dict[_Key, int] = {}
         self._last_seen: dict[int | None, tuple[int, int]] = {}
+        # ordered mode, per partition: (queue offset after, timestamp of) the last message
+        # this consumer finished; what comes below it again is a replay (skip_replays)
+        self._finished_upto: dict[int | None, tuple[int, int]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._inbox: deque[Message] = deque()
         self._inbox_waiter: asyncio.Future[None] | None = None
@@ -250,12 +286,17 @@ class Consumer:
         self._tick_handle: asyncio.TimerHandle | None = None
         self._wake: asyncio.Event | None = None
         self._force_refresh = False
+        # youzan: the partitions wanted (from the lookup's partition_num); while one has no
+        # live subscription the supervisor looks up again every reconnect_backoff step
+        self._wanted: frozenset[int] = frozenset()
+        self._relookups = 0
         self._supervisor: asyncio.Task[None] | None = None
         self._done: asyncio.Future[None] | None = None
         self._drained: asyncio.Event | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._unwatch: Callable[[], None] | None = None
         self._warned_low_rdy = False
+        self._warned_unregistered = False
         self._last_connect_error: NSQError | None = None
         self._telemetry = Telemetry(
             "consumer", tracer_provider=tracer_provider, meter_provider=meter_provider
@@ -290,7 +331,8 @@ class Consumer:
         )
         self._telemetry.in_flight_gauge(lambda: self._stats.in_flight, self._metric_attributes)
         if self.handler is not None and not self._is_coroutine:
-            workers = self._handler_threads or min(32, max(1, self._max_in_flight))
+            budget = 32 if self._auto_budget else self._max_in_flight  # threads start lazily
+            workers = self._handler_threads or min(32, max(1, budget))
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 workers, thread_name_prefix=f"smartnsq-{self.topic}"
             )
@@ -472,15 +514,29 @@ class Consumer:
         return self._controller.is_starved() if self._controller is not None else False
 
     def set_max_in_flight(self, max_in_flight: int) -> None:
-        """Change the in-flight budget; 0 pauses consumption."""
+        """Change the in-flight budget (from now on fixed, also when partitions come and
+        go); 0 pauses consumption."""
         self._max_in_flight = _check_max_in_flight(max_in_flight)
+        self._auto_budget = False
         if self._controller is not None and self._state in ("started", "starting"):
             self._apply(self._controller.set_max_in_flight(max_in_flight))
             self._schedule_tick()
 
     @property
     def max_in_flight(self) -> int:
+        """The in-flight budget now (with ``max_in_flight=None``: the subscriptions)."""
         return self._max_in_flight
+
+    def _fit_budget(self) -> None:
+        """``max_in_flight=None``: the budget follows the number of live subscriptions."""
+        if not self._auto_budget or self._controller is None:
+            return
+        if self._state not in ("started", "starting"):
+            return
+        budget = max(1, sum(1 for sub in self._subs.values() if not sub.closing))
+        if budget != self._max_in_flight:
+            self._max_in_flight = budget
+            self._apply(self._controller.set_max_in_flight(budget))
 
     def stats(self) -> ConsumerStats:
         snapshot = ConsumerStats(**self._stats.__dict__)
@@ -531,6 +587,8 @@ class Consumer:
         except TopicNotFoundError:
             return set()  # classic lookupd before the topic exists: wait for it
         self._check_layout(layout)
+        if layout.youzan and layout.partition_num:
+            self._wanted = self.partitions or frozenset(range(layout.partition_num))
         keys: set[_Key] = set()
         for partition, leader in layout.partitions.items():
             if self.partitions is None or partition in self.partitions:
@@ -541,6 +599,9 @@ class Consumer:
 
     def _check_layout(self, layout: TopicLayout) -> None:
         self._extend_support = layout.extend_support if layout.youzan else None
+        meta = layout.meta
+        if meta is not None and meta.valid and not meta.disable_channel_auto_create:
+            self._warn_unregistered()
         if layout.is_classic and self.ordered and layout.classic_nodes:
             raise UnsupportedFeatureError("classic nsqd has no ordered consumption (SUB_ORDERED)")
         if self.partitions is not None and layout.partition_num:
@@ -551,6 +612,28 @@ class Consumer:
                     f"topic {self.topic!r} has {layout.partition_num} partitions; "
                     f"no partition {unknown}",
                 )
+
+    def _warn_unregistered(self) -> None:
+        """Once: the topic lets SUB create channels, so this one is not registered."""
+        if self._warned_unregistered or self.channel.endswith("#ephemeral"):
+            return
+        self._warned_unregistered = True
+        log.warning(
+            "%s/%s: channel %r is not registered: topic %r lets SUB create channels, so this "
+            "one lives on each partition's leader only until it has finished a message there. "
+            "If that leader fails over before, the new leader starts the channel afresh at the "
+            "topic's end: what is published until this consumer subscribes again is never "
+            "delivered to it. Register it: create the topic with its channels, e.g. smartnsq "
+            "topic create %s --partitions N --replicas R --channel %s (or "
+            "smartnsq.admin.Admin.create_topic(..., channels=[%r]))",
+            self.topic,
+            self.channel,
+            self.channel,
+            self.topic,
+            self.topic,
+            self.channel,
+            self.channel,
+        )
 
     async def _reconcile(self) -> None:
         try:
@@ -588,11 +671,28 @@ class Consumer:
             await self._reconcile()
             now = loop.time()
             waits = [t - now for t in self._retry_at.values() if t > now]
+            if self._unserved():
+                # A partition has no live subscription (its leader failed over, or is down):
+                # look up again soon, and keep looking until the lookup names its leader.
+                self._relookups += 1
+                waits.append(self.reconnect_backoff.delay(self._relookups))
+            else:
+                self._relookups = 0
             timeout = min([*waits, 30.0])
             try:
                 await asyncio.wait_for(wake.wait(), max(timeout, 0.01))
             except asyncio.TimeoutError:
-                pass
+                if self._relookups:
+                    self._force_refresh = True
+
+    def _unserved(self) -> bool:
+        """Some wanted partition has no open subscription (and none is being opened)."""
+        wanted = self._wanted
+        if not wanted or self._lookup is None:
+            return False
+        served = {key[1] for key in self._connecting}
+        served.update(s.partition for s in self._subs.values() if s.conn.is_open)
+        return not wanted <= served
 
     def _wake_up(self, *, refresh: bool = False) -> None:
         """Make the supervisor reconcile now; ``refresh``: with the layout read again from
@@ -662,17 +762,20 @@ class Consumer:
         )
         if self._controller is not None:
             self._apply(self._controller.add_connection(sub, conn.max_rdy_count))
+            self._fit_budget()
             self._schedule_tick()
-        if len(self._subs) > self._max_in_flight > 0 and not self._warned_low_rdy:
+        subscriptions = max(len(self._wanted), len(self._subs))
+        low = not self._auto_budget and subscriptions > self._max_in_flight > 0
+        if low and not self._warned_low_rdy:
             self._warned_low_rdy = True
             log.warning(
-                "%s/%s: max_in_flight=%d is below the %d subscribed partitions/nodes: they "
-                "take turns (every low_rdy_idle_timeout); raise max_in_flight to consume "
-                "them all at once",
+                "%s/%s: max_in_flight=%d is below the %d partitions/nodes to consume: they "
+                "take turns (every low_rdy_idle_timeout); raise max_in_flight (or leave it "
+                "None: one per partition) to consume them all at once",
                 self.topic,
                 self.channel,
                 self._max_in_flight,
-                len(self._subs),
+                subscriptions,
             )
 
     def _connect_failed(self, key: _Key, exc: NSQError) -> None:
@@ -704,6 +807,7 @@ class Consumer:
             del self._subs[sub.key]
         if self._controller is not None:
             self._apply(self._controller.remove_connection(sub))
+            self._fit_budget()
             self._schedule_tick()
         if sub.queue:
             # ordered mode: messages waiting behind a running handler will be redelivered
@@ -732,6 +836,7 @@ class Consumer:
             sub.conn.send(commands.rdy(0))
         if self._controller is not None:
             self._apply(self._controller.remove_connection(sub))
+            self._fit_budget()
         self._close_if_drained(sub)
 
     def _close_if_drained(self, sub: _Subscription) -> None:
@@ -749,10 +854,22 @@ class Consumer:
 
     def _on_message(self, sub: _Subscription, conn: Connection, frame: MessageFrame) -> None:
         message = cast(Message, frame)  # decoded with message_class=Message
+        stats = self._stats
+        pending = sub.pending
+        message_id = message.id
+        if message_id in pending or (self.ordered and sub.last == (message_id, message.attempts)):
+            # nsqd sent a message again that is in flight here, or (ordered) again right
+            # after itself, the same delivery (youzan: the first one of a channel's first
+            # SUB_ORDERED), possibly answered already: the first copy gets the one answer.
+            stats.duplicates += 1
+            log.debug("%s: duplicate delivery of %s dropped", conn.label, message_id.hex())
+            return
+        pending.add(message_id)
+        if self.ordered:
+            sub.last = (message_id, message.attempts)
         message._sub = sub
         message.responded = False
         message.waiting = False
-        stats = self._stats
         stats.received += 1
         stats.in_flight += 1
         sub.in_flight += 1
@@ -772,12 +889,14 @@ class Consumer:
         if self._telemetry.metering:
             self._telemetry.count("consumed", 1, self._metric_attributes)
         if self.ordered:
+            if self.skip_replays and self._is_replay(sub, message):
+                return
             if not self._check_order(sub, message):
                 return
-            if sub.busy:
+            if sub.current is not None:
                 sub.queue.append(message)
                 return
-            sub.busy = True
+            sub.current = message
         elif message.attempts > self.max_attempts:
             self._give_up(message)
             return
@@ -791,6 +910,36 @@ class Consumer:
             message.body = decompress_payload(message.body, ext)
         except NSQError as exc:
             log.error("%s: cannot decompress message %s: %s", self.topic, message.id.hex(), exc)
+
+    def _is_replay(self, sub: _Subscription, message: Message) -> bool:
+        """A message this consumer already finished, delivered again (a new leader resumes
+        from the consume offset the old one had synced to it): FIN it, unhandled. It sits
+        below the partition's next expected queue offset and is not newer than the last
+        finished message (a topic deleted and created again restarts its offsets, with newer
+        messages)."""
+        done = self._finished_upto.get(sub.partition)
+        offset = message.offset
+        if done is None or offset is None:
+            return False
+        if offset >= done[0] or message.timestamp > done[1]:
+            return False
+        self._answer(message, commands.fin(message.id), "neutral", "replays_skipped")
+        log.debug(
+            "%s: partition %s offset %d was finished before: replay skipped",
+            self.topic,
+            sub.partition,
+            offset,
+        )
+        return True
+
+    def _record_finished(self, sub: _Subscription, message: Message) -> None:
+        """Ordered mode: where the partition's next message starts (see _is_replay)."""
+        offset, size = message.offset, message.raw_size
+        if offset is not None and size is not None:
+            upto = offset + size
+            done = self._finished_upto.get(sub.partition)
+            if done is None or upto > done[0]:
+                self._finished_upto[sub.partition] = (upto, message.timestamp)
 
     def _check_order(self, sub: _Subscription, message: Message) -> bool:
         """Per partition, internal id and queue offset never go backwards (a redelivery of
@@ -906,12 +1055,14 @@ class Consumer:
             self._next_ordered(sub, message)
 
     def _next_ordered(self, sub: _Subscription, message: Message) -> None:
-        if message.waiting:
-            return  # its REQ 0 is still to come; the partition stays blocked
-        sub.busy = False
+        """``message``'s turn is over (it was handled, or answered from the iterator): the
+        partition's next message may go. Calling it again for the same message does nothing."""
+        if message.waiting or sub.current is not message:
+            return  # its REQ 0 is still to come, or its turn was released already
+        sub.current = None
         if sub.queue and not sub.closing:
             nxt = sub.queue.popleft()
-            sub.busy = True
+            sub.current = nxt
             self._dispatch(nxt)
 
     def _failed(self, message: Message) -> None:
@@ -995,6 +1146,9 @@ class Consumer:
             return False
         message.responded = True
         sub = message._sub
+        sub.pending.discard(message.id)
+        if self.ordered and command[:3] == b"FIN":
+            self._record_finished(sub, message)
         stats = self._stats
         stats.in_flight -= 1
         sub.in_flight -= 1
@@ -1020,12 +1174,19 @@ class Consumer:
                 self._apply(updates)
             if outcome == "failure":
                 self._schedule_tick()
+        if self.ordered and self.handler is None:
+            # Iterating: answering is the end of the message's turn (a handler's turn ends
+            # when the handler returns, whatever it answered meanwhile).
+            self._next_ordered(sub, message)
         self._after_answer(sub)
         return True
 
     def _finish_success(self, message: Message, sub: _Subscription) -> None:
         """_answer for the common case (a handler returned): FIN, counted, no detour."""
         message.responded = True
+        sub.pending.discard(message.id)
+        if self.ordered:
+            self._record_finished(sub, message)
         stats = self._stats
         stats.in_flight -= 1
         sub.in_flight -= 1
@@ -1076,7 +1237,10 @@ class Consumer:
             delay = requeue_delay(message.attempts, self.requeue_delay, self.max_requeue_delay)
         elif delay < 0:
             raise ValidationError("delay", "must be >= 0 seconds")
-        outcome: Outcome = "failure" if backoff else "neutral"
+        # Ordered: the failed message holds its partition while it waits, which is the
+        # backoff of that partition alone; the consumer-wide RDY backoff would stall the
+        # others (nsqd serves each partition one message at a time anyway).
+        outcome: Outcome = "failure" if backoff and not self.ordered else "neutral"
         if self.ordered and delay > 0:
             message.waiting = True
             self._spawn(self._requeue_ordered(message, delay, outcome))

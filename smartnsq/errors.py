@@ -10,6 +10,7 @@ the usual Python way keep working.
 from __future__ import annotations
 
 __all__ = [
+    "AdminError",
     "AuthDisabledError",
     "AuthError",
     "AuthFailedError",
@@ -19,6 +20,7 @@ __all__ = [
     "BadExtError",
     "BadMessageError",
     "BadPartitionError",
+    "BadProtocolError",
     "BadTagError",
     "BadTopicError",
     "ChannelNotRegisteredError",
@@ -316,11 +318,27 @@ class AuthDisabledError(AuthError):
 
 
 class CreateTopicFailedError(ServerError):
+    """INTERNAL_CREATE_TOPIC refused (always, on a cluster node). Not fatal."""
+
     code = "E_CREATE_TOPIC_FAILED"
+    fatal = False
 
 
 class BadExtError(ServerError):
     code = "E_BAD_EXT"
+
+
+class BadProtocolError(ServerError):
+    """nsqd did not recognise the protocol magic and closed the connection: the peer is not
+    an nsqd speaking protocol V2 (wrong port, or something in between)."""
+
+    code = "E_BAD_PROTOCOL"
+
+    def __str__(self) -> str:
+        return (
+            f"{super().__str__()}: the server refused the protocol V2 magic; "
+            "is this the nsqd TCP address?"
+        )
 
 
 class TooManyConnectionsError(ServerError):
@@ -389,3 +407,18 @@ class NoWritablePartitionError(NSQError):
 
 class OrderViolationError(NSQError):
     """An ordered partition delivered a message whose id or offset went backwards."""
+
+
+class AdminError(NSQError):
+    """An administration request (topic or channel creation...) was refused.
+
+    ``status`` is the HTTP status, ``message`` what the server said, ``url`` where it was
+    sent."""
+
+    def __init__(self, message: str, *, status: int | None = None, url: str = "") -> None:
+        answer = f"HTTP {status}" if status is not None else ""
+        where = " from ".join(part for part in (answer, url) if part)
+        super().__init__(f"{message} ({where})" if where else message)
+        self.status = status
+        self.message = message
+        self.url = url

@@ -20,7 +20,7 @@ __all__ = ["UsageError", "main"]
 
 # Subcommand modules of smartnsq.cli; each defines register(subparsers) -> None and sets
 # `func` (args -> exit code) on its parser.
-SUBCOMMANDS = ("pub", "tail", "lookup", "cluster", "demo")
+SUBCOMMANDS = ("pub", "tail", "lookup", "topic", "channel", "cluster", "demo")
 
 
 class UsageError(Exception):

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
+from smartnsq.admin import Admin
 from smartnsq.cli import UsageError
 from smartnsq.errors import ValidationError
 from smartnsq.protocol.validation import check_channel, check_topic
@@ -25,8 +26,10 @@ __all__ = [
     "ENV_NSQD",
     "Progress",
     "Target",
+    "add_admin_options",
     "add_connection_options",
     "add_verbosity",
+    "admin_for",
     "channel_arg",
     "dash",
     "muted_logs",
@@ -88,6 +91,39 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
             f"node in Docker; repeatable; default: ${ENV_ADDRESS_MAP} (comma-separated)"
         ),
     )
+
+
+def add_admin_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "connection", f"--lookupd or --nsqd-http, not both; default: ${ENV_LOOKUPD}"
+    )
+    exclusive = group.add_mutually_exclusive_group()
+    exclusive.add_argument(
+        "--lookupd",
+        action="append",
+        metavar="URL",
+        help="nsqlookupd HTTP address (http://host:4161 or host:port); repeatable",
+    )
+    exclusive.add_argument(
+        "--nsqd-http",
+        action="append",
+        metavar="HOST:PORT",
+        help="classic nsqd HTTP address (without lookupd); repeatable",
+    )
+
+
+def admin_for(args: argparse.Namespace) -> Admin:
+    """An :class:`Admin` for the --lookupd/--nsqd-http addresses (or $SMARTNSQ_LOOKUPD)."""
+    lookupd: list[str] | None = args.lookupd
+    nsqd_http: list[str] | None = args.nsqd_http
+    if lookupd is None and nsqd_http is None:
+        lookupd = _split(os.environ.get(ENV_LOOKUPD, "")) or None
+        if lookupd is None:
+            raise UsageError(f"give --lookupd URL or --nsqd-http HOST:PORT (or set ${ENV_LOOKUPD})")
+    try:
+        return Admin(lookupd, nsqd_http=nsqd_http)
+    except ValidationError as exc:
+        raise UsageError(f"invalid address: {exc.reason}") from None
 
 
 def add_verbosity(parser: argparse.ArgumentParser) -> None:

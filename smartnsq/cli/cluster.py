@@ -325,6 +325,8 @@ def _create(cluster: Cluster, topics: list[TopicSpec], channels: list[ChannelSpe
                 for node in cluster.nodes:
                     cluster.classic_topic(node, topic.name)
             else:
+                # Channels named for a topic are registered (durable), as `smartnsq topic
+                # create --channel` does.
                 cluster.create_topic_now(
                     topic.name,
                     partitions=topic.partitions,
@@ -332,13 +334,12 @@ def _create(cluster: Cluster, topics: list[TopicSpec], channels: list[ChannelSpe
                     ordered=topic.ordered,
                     ext=topic.ext,
                     multi_part=topic.multi_part,
+                    channels=[c.channel for c in channels if c.topic == topic.name],
                 )
         for channel in channels:
             if cluster.classic:
                 for node in cluster.nodes:
                     cluster.ensure_channel(node.classic_topics[channel.topic], channel.channel)
-            else:
-                cluster.create_channel_now(channel.topic, channel.channel)
     except (ClusterError, ValidationError) as exc:
         raise UsageError(str(exc)) from None
 

@@ -46,7 +46,9 @@ ordered subscriptions only, untraced messages have no trace id. BODY is decoded 
 Every printed message is finished (FIN) after it is written out; messages that arrive
 after -n N are handed back (REQ) unprinted. The default channel is a new ephemeral one
 (tail-XXXXXX#ephemeral), which nsqd deletes when tail exits: tailing leaves nothing behind
-and starts with new messages. Ordered topics are consumed with SUB_ORDERED automatically.
+and starts with new messages. A youzan topic created with disable_channel_auto_create takes
+registered channels only: register one for tailing and pass --channel. Ordered topics are
+consumed with SUB_ORDERED automatically.
 
 Ctrl-C or SIGTERM stops taking messages, lets the one being printed finish and exits 0; a
 second Ctrl-C or SIGTERM during that exits at once with 130.
@@ -211,6 +213,15 @@ class _Tail:
         if layout is None or layout.empty:
             _note(f"no nsqd has topic {self.topic!r} yet; waiting for it")
             return ordered, 1
+        auto_create = layout.meta is None or not layout.meta.disable_channel_auto_create
+        if not auto_create and self.args.channel is None:
+            # nsqd refuses a SUB to any channel not registered (ephemeral ones too).
+            raise UsageError(
+                f"topic {self.topic!r} accepts registered channels only (created with "
+                "disable_channel_auto_create): register one for tailing (smartnsq channel "
+                f"create {self.topic} tail) and pass --channel tail; tailing a channel "
+                "that an application consumes takes messages away from it"
+            )
         if layout.ordered and not ordered:
             # A plain SUB to an ordered topic is refused (E_SUB_ORDER_IS_MUST).
             _note(f"{self.topic} is an ordered topic: subscribing with SUB_ORDERED")

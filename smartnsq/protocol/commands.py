@@ -123,7 +123,10 @@ def sub(topic: str, channel: str, partition: int | None = None) -> bytes:
 
 
 def sub_ordered(topic: str, channel: str, partition: int) -> bytes:
-    """``SUB_ORDERED <topic> <channel> <partition>`` (the wire name; SUB_ORDER does not exist)."""
+    """``SUB_ORDERED <topic> <channel> <partition>`` (the wire name; SUB_ORDER does not exist).
+
+    nsqd would take the command without a partition (the one the node leads); ordered
+    consumption is per partition, so the partition is required here."""
     return _line(
         "SUB_ORDERED", check_topic(topic), check_channel(channel), check_partition(partition)
     )
@@ -300,6 +303,8 @@ def pub_ext(
     """``PUB_EXT <topic> <partition>\\n[size][uint16 json len][json][body]``.
 
     The reply is a trace receipt when ``ext`` carries a valid ``##trace_id``, otherwise ``OK``.
+    ``ext`` must be a JSON object (nsqd refuses an empty header with E_INVALID_JSON_HEADER
+    and takes any other JSON value; both are refused here before sending).
     """
     data = check_body(body, max_msg_size)
     element = _ext_element(ext, data)

@@ -52,6 +52,7 @@ ERROR_CLASSES: dict[str, type[e.ServerError]] = {
         e.AuthDisabledError,
         e.CreateTopicFailedError,
         e.BadExtError,
+        e.BadProtocolError,
     )
 }
 

@@ -2,8 +2,8 @@
 
 :class:`CommandParser` turns what a client sends into :class:`ClientCommand` tuples. Like
 youzan nsqd, it reads FIN, REQ and TOUCH at fixed byte offsets, because the raw 16-byte id may
-contain ``\\n`` or space bytes. Frame encoders produce responses, errors and (via
-``protocol.message``) message frames.
+contain ``\\n`` or space bytes (classic nsqd splits every line at spaces). Frame encoders
+produce responses, errors and (via ``protocol.message``) message frames.
 """
 
 from __future__ import annotations
@@ -35,11 +35,12 @@ YOUZAN_BODY_COMMANDS = frozenset(
 
 _unpack_i32 = struct.Struct(">i").unpack_from
 
-# Fixed layouts of the commands that carry a raw id: (prefix, id offset).
+# youzan nsqd reads the id of FIN and REQ at bytes 4..20 of the line and TOUCH's at 6..22
+# (PROTOCOL.md section 3.10).
 _FIN_PREFIX = b"FIN "
-_REQ_PREFIX = b"REQ "
-_TOUCH_PREFIX = b"TOUCH "
 _FIN_SIZE = len(_FIN_PREFIX) + MESSAGE_ID_SIZE + 1
+_ID_START, _ID_END = 4, 4 + MESSAGE_ID_SIZE
+_TOUCH_ID_START, _TOUCH_ID_END = 6, 6 + MESSAGE_ID_SIZE
 
 
 class ClientCommand(NamedTuple):
@@ -54,9 +55,16 @@ class ClientCommand(NamedTuple):
 
 
 class CommandParser(InputBuffer):
-    """Incremental parser of the client-to-server byte stream."""
+    """Incremental parser of the client-to-server byte stream.
 
-    __slots__ = ("_body_commands", "_broken", "_magic_pending", "max_body_size")
+    ``fixed_ids`` (youzan nsqd): a line starting with ``FIN`` or ``REQ`` runs to the first
+    ``\\n`` at or after byte 20 and its id is bytes 4..20 (REQ's timeout follows from byte 21);
+    a ``TOUCH`` line is 23 bytes, or longer if its first ``\\n`` comes later, with the id at
+    bytes 6..22, whatever those bytes are: nsqd reads on until it has them. Without it
+    (classic nsqd) every line is split at spaces.
+    """
+
+    __slots__ = ("_body_commands", "_broken", "_fixed_ids", "_magic_pending", "max_body_size")
 
     def __init__(
         self,
@@ -64,11 +72,13 @@ class CommandParser(InputBuffer):
         body_commands: frozenset[bytes] = YOUZAN_BODY_COMMANDS,
         max_body_size: int = MAX_BODY_SIZE,
         expect_magic: bool = True,
+        fixed_ids: bool = True,
     ) -> None:
         super().__init__()
         self._body_commands = body_commands
         self.max_body_size = max_body_size
         self._magic_pending = expect_magic
+        self._fixed_ids = fixed_ids
         self._broken = False
 
     def next_command(self) -> ClientCommand | None:
@@ -92,12 +102,11 @@ class CommandParser(InputBuffer):
             self._magic_pending = False
             pos += 4
             self._pos = pos
-        if buf.startswith(_FIN_PREFIX, pos):
-            return self._fixed_id_command(b"FIN", pos, len(_FIN_PREFIX))
-        if buf.startswith(_TOUCH_PREFIX, pos):
-            return self._fixed_id_command(b"TOUCH", pos, len(_TOUCH_PREFIX))
-        if buf.startswith(_REQ_PREFIX, pos):
-            return self._req(pos)
+        if self._fixed_ids:
+            if buf.startswith(b"FIN", pos) or buf.startswith(b"REQ", pos):
+                return self._fin_or_req(pos)
+            if buf.startswith(b"TOUCH", pos):
+                return self._touch(pos)
         newline = buf.find(b"\n", pos)
         if newline < 0:
             return None
@@ -128,7 +137,8 @@ class CommandParser(InputBuffer):
         stream, consumed; empty if the next command is anything else.
 
         A fast path for servers: consumers send FINs in runs, and one call per run avoids a
-        :class:`ClientCommand` per message. A malformed FIN is left for :meth:`next_command`.
+        :class:`ClientCommand` per message. A FIN that :meth:`next_command` would read
+        differently is left for it.
         """
         if self._broken or self._magic_pending:
             return []
@@ -142,48 +152,67 @@ class CommandParser(InputBuffer):
             pos += size
         if pos == start:
             return []
-        self._pos = pos
         run = bytes(buf[start:pos])
+        if not self._fixed_ids:
+            run = _classic_fins(run)
+            if not run:
+                return []
+        self._pos = start + len(run)
         return [run[i : i + MESSAGE_ID_SIZE] for i in range(len(_FIN_PREFIX), len(run), size)]
 
-    def _fixed_id_command(self, name: bytes, pos: int, id_offset: int) -> ClientCommand | None:
-        total = id_offset + MESSAGE_ID_SIZE + 1
-        if len(self._buf) - pos < total:
-            return None
+    def _fin_or_req(self, pos: int) -> ClientCommand | None:
         buf = self._buf
-        message_id = bytes(buf[pos + id_offset : pos + id_offset + MESSAGE_ID_SIZE])
-        if buf[pos + total - 1] != 0x0A:
-            # Not "<name> <16 bytes>\n": consume the line and report it as malformed.
-            newline = buf.find(b"\n", pos + total - 1)
-            if newline < 0:
-                return None
-            self._pos = newline + 1
-            return ClientCommand(name, tuple(bytes(buf[pos + id_offset : newline]).split(b" ")))
-        self._pos = pos + total
-        return ClientCommand(name, (message_id,))
-
-    def _req(self, pos: int) -> ClientCommand | None:
-        buf = self._buf
-        id_end = pos + len(_REQ_PREFIX) + MESSAGE_ID_SIZE
-        if len(buf) <= id_end:
-            return None
-        newline = buf.find(b"\n", id_end)
+        newline = buf.find(b"\n", pos + _ID_END)
         if newline < 0:
             return None
-        message_id = bytes(buf[pos + len(_REQ_PREFIX) : id_end])
         self._pos = newline + 1
-        if buf[id_end] != 0x20:
-            return ClientCommand(b"REQ", (message_id,))
-        timeout = bytes(buf[id_end + 1 : newline]).rstrip(b"\r")
-        return ClientCommand(b"REQ", (message_id, timeout))
+        name = bytes(buf[pos : pos + 3])
+        message_id = bytes(buf[pos + _ID_START : pos + _ID_END])
+        if name == b"REQ" and newline > pos + _ID_END:
+            # no \r is stripped: nsqd keeps it in the timeout
+            return ClientCommand(name, (message_id, bytes(buf[pos + _ID_END + 1 : newline])))
+        return ClientCommand(name, (message_id,))
+
+    def _touch(self, pos: int) -> ClientCommand | None:
+        buf = self._buf
+        newline = buf.find(b"\n", pos)
+        if newline < 0:
+            return None
+        line_end = newline + 1
+        if line_end - pos < _TOUCH_ID_END + 1:
+            # a short line: nsqd reads exactly up to 23 bytes, newline or not
+            if len(buf) - pos < _TOUCH_ID_END + 1:
+                return None
+            line_end = pos + _TOUCH_ID_END + 1
+        self._pos = line_end
+        return ClientCommand(b"TOUCH", (bytes(buf[pos + _TOUCH_ID_START : pos + _TOUCH_ID_END]),))
+
+
+def _classic_fins(run: bytes) -> bytes:
+    """The FINs at the head of a run that classic nsqd reads as ``FIN <id>`` too: it splits
+    lines at spaces and strips a final \\r, so an id holding a space or a newline, or ending
+    in \\r, reads differently (left for :meth:`CommandParser.next_command`)."""
+    count = len(run) // _FIN_SIZE
+    if run.count(b" ") == count and run.count(b"\n") == count and b"\r\n" not in run:
+        return run  # one space and one newline per FIN: every id is clean
+    good = 0
+    while good < count:
+        message_id = run[good * _FIN_SIZE + _ID_START : good * _FIN_SIZE + _ID_END]
+        if b" " in message_id or b"\n" in message_id or message_id.endswith(b"\r"):
+            break
+        good += 1
+    return run[: good * _FIN_SIZE]
 
 
 class MpubFormatError(ValueError):
-    """An MPUB body is malformed; ``reason`` is "count" or "message"."""
+    """An MPUB body is malformed; ``reason`` is "count" or "message", the text is nsqd's.
+    ``elements`` are the messages read before the bad one (nsqd reads them one by one, so
+    checks of its own on those come first)."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: str, detail: str, elements: list[bytes] | None = None) -> None:
         super().__init__(detail)
         self.reason = reason
+        self.elements = elements or []
 
 
 def split_mpub(body: bytes, max_msg_size: int, max_body_size: int = MAX_BODY_SIZE) -> list[bytes]:
@@ -197,16 +226,21 @@ def split_mpub(body: bytes, max_msg_size: int, max_body_size: int = MAX_BODY_SIZ
     append = out.append
     end = len(body)
     pos = 4
-    for _ in range(count):
+    for index in range(count):
         if end < pos + 4:
-            raise MpubFormatError("message", "MPUB failed to read message body size")
+            detail = f"MPUB failed to read message({index}) body size"
+            raise MpubFormatError("message", detail, out)
         (size,) = _unpack_i32(body, pos)
         pos += 4
-        if size <= 0 or size > max_msg_size:
-            raise MpubFormatError("message", f"MPUB message too big {size} > {max_msg_size}")
+        if size <= 0:
+            detail = f"MPUB invalid message({index}) body size {size}"
+            raise MpubFormatError("message", detail, out)
+        if size > max_msg_size:
+            detail = f"MPUB message too big {size} > {max_msg_size}"
+            raise MpubFormatError("message", detail, out)
         stop = pos + size
         if end < stop:
-            raise MpubFormatError("message", "MPUB failed to read message body")
+            raise MpubFormatError("message", "MPUB failed to read message body", out)
         append(body[pos:stop])
         pos = stop
     return out

@@ -60,7 +60,13 @@ def check_channel(channel: object) -> str:
 
 
 def check_partition(partition: object, field: str = "partition") -> int:
-    """A partition id is an int >= 0 (bool is refused)."""
+    """A partition id is an int >= 0 (bool is refused).
+
+    youzan nsqd also takes -1 (and no partition at all) for "the partition this node leads";
+    the client never sends it: it routes every publish and subscription itself, and a
+    server-chosen partition would hide which partition took a message (or make an ordered
+    publish land on the wrong one). ``partition=None`` sends no partition where that is
+    meaningful (classic nsqd)."""
     if type(partition) is not int:
         raise ValidationError(field, f"must be an int, not {type(partition).__name__}")
     if partition < 0:

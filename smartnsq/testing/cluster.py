@@ -23,7 +23,15 @@ from smartnsq.testing.http import HttpServer
 from smartnsq.testing.lookupd import LookupdNode
 from smartnsq.testing.nsqd import NodeSettings, NsqdNode
 from smartnsq.testing.nsqd_http import NsqdHttpApi
-from smartnsq.testing.state import Channel, ChannelRecord, Partition, PartitionLog, Record, Topic
+from smartnsq.testing.state import (
+    Channel,
+    ChannelCopy,
+    ChannelRecord,
+    Partition,
+    PartitionLog,
+    Record,
+    Topic,
+)
 
 __all__ = ["Cluster", "ClusterError"]
 
@@ -320,15 +328,20 @@ class Cluster:
         ext: bool = False,
         *,
         channels: Sequence[str] = (),
-        disable_channel_auto_create: bool = False,
+        disable_channel_auto_create: bool | None = None,
         multi_part: bool = False,
         placement: Mapping[int, Sequence[int]] | None = None,
     ) -> Topic:
-        """Create a youzan topic (as nsqlookupd ``/topic/create`` does).
+        """Create a youzan topic, as ``smartnsq.admin.Admin.create_topic`` does through the
+        nsqlookupd leader (``/topic/create``, then ``/channel/create`` for each channel).
 
-        ``channels`` are registered up front so producers can publish at once (a write lookup
-        refuses topics without channels). ``placement`` maps partition -> nodes holding it,
-        leader first; by default partitions are spread round-robin over the live nodes.
+        ``channels`` are registered: durable, on every replica, and producers can publish at
+        once (a write lookup refuses topics without channels). Registering needs
+        ``disable_channel_auto_create``, True by default when channels are given: consumers
+        may then subscribe to registered channels only. Without channels, a consumer's SUB
+        creates its channel, at the topic's end and on the partition leader only.
+        ``placement`` maps partition -> nodes holding it, leader first; by default partitions
+        are spread round-robin over the live nodes.
         """
         topic = self.create_topic_now(
             name,
@@ -337,11 +350,10 @@ class Cluster:
             ordered=ordered,
             ext=ext,
             multi_part=multi_part,
+            channels=channels,
             disable_channel_auto_create=disable_channel_auto_create,
             placement=placement,
         )
-        for channel in channels:
-            self.create_channel_now(name, channel)
         await asyncio.sleep(0)
         return topic
 
@@ -354,10 +366,14 @@ class Cluster:
         ordered: bool = False,
         ext: bool = False,
         multi_part: bool = False,
-        disable_channel_auto_create: bool = False,
+        channels: Sequence[str] = (),
+        disable_channel_auto_create: bool | None = None,
         strict_placement: bool = False,
         placement: Mapping[int, Sequence[int]] | None = None,
     ) -> Topic:
+        """:meth:`create_topic` without awaiting (and what nsqlookupd ``/topic/create``
+        runs: with ``strict_placement``, partitions x replicas may not exceed the live
+        nodes unless several partitions may share a node, as the real lookupd checks)."""
         from smartnsq.testing.http import ApiError
 
         if self.classic:
@@ -367,6 +383,15 @@ class Cluster:
             raise ValidationError("partitions", "must be 1..255")
         if not 1 <= replicas <= 5:
             raise ValidationError("replicas", "must be 1..5")
+        names = [check_channel(channel) for channel in channels]
+        if disable_channel_auto_create is None:
+            disable_channel_auto_create = bool(names)
+        elif names and not disable_channel_auto_create:
+            raise ValidationError(
+                "channels",
+                "registered channels need disable_channel_auto_create=True (youzan registers "
+                "channels only on topics whose channels SUB cannot create)",
+            )
         alive = [n.index for n in self.nodes if n.running]
         existing = self.topics.get(name)
         if existing is not None:
@@ -375,10 +400,17 @@ class Cluster:
                 and existing.replica == replicas
                 and existing.ordered == ordered
                 and existing.ext == ext
+                and existing.disable_channel_auto_create == disable_channel_auto_create
             )
-            if same:
-                return existing
-            raise ApiError(400, "ErrType:9 ErrCode:1 : No node is available for topic")
+            if not same:
+                raise ApiError(400, "ErrType:9 ErrCode:1 : No node is available for topic")
+            for channel in names:
+                if channel not in existing.registered_channels:
+                    self.register_channel_now(name, channel)
+            return existing
+        if partitions >= 255:
+            # the coordinator's own limit, checked after the HTTP arguments
+            raise ApiError(400, "max partition allowed exceed")
         # The real cluster refuses more partitions x replicas than nodes unless several
         # partitions may share a node; the Python API is lenient (tests want small clusters).
         too_big = replicas > len(alive) or (
@@ -409,6 +441,8 @@ class Cluster:
             topic.partitions[pid] = partition
             self._partitions_by_log[id(log_)] = partition
         self.topics[name] = topic
+        for channel in names:
+            self.register_channel_now(name, channel)
         self.changed()
         return topic
 
@@ -426,27 +460,49 @@ class Cluster:
                 self._node(member)
 
     async def create_channel(self, topic: str, channel: str) -> None:
-        """Create a channel on every partition, as consumers' SUBs (or nsqd ``/channel/create``
-        on each leader) do. nsqlookupd ``/channel/create`` uses it to register a channel of a
-        topic whose channel auto-creation is disabled."""
-        self.create_channel_now(topic, channel)
+        """Register a channel of ``topic``, as ``smartnsq.admin.Admin.create_channel`` does
+        through the nsqlookupd leader: it exists on every replica of every partition, so it
+        survives a leader failover. youzan registers channels only on topics created with
+        ``disable_channel_auto_create``."""
+        self.register_channel_now(topic, channel)
         await asyncio.sleep(0)
 
-    def create_channel_now(self, topic_name: str, channel_name: str) -> None:
+    def register_channel_now(self, topic_name: str, channel_name: str) -> None:
+        """:meth:`create_channel` without awaiting (nsqlookupd ``/channel/create`` runs it)."""
         check_channel(channel_name)
         topic = self._topic(topic_name)
+        if not topic.disable_channel_auto_create:
+            raise ClusterError(f"channel auto create NOT disabled in topic {topic_name}")
+        if channel_name in topic.registered_channels:
+            raise ClusterError(f"channel {channel_name} already registered")
+        topic.registered_channels.append(channel_name)
         for partition in topic.partitions.values():
-            self.ensure_channel(partition.log, channel_name)
+            self._replicate(self.ensure_channel(partition.log, channel_name))
+
+    async def create_channel_on_leaders(self, topic: str, channel: str) -> None:
+        """Create a channel the way a consumer's SUB (or nsqd's HTTP ``/channel/create`` on
+        each partition leader) does, on a topic that lets SUB create channels: it starts at
+        the topic's end, on each partition's leader only, and reaches the replicas once a
+        consumer finishes a message; a leader failover before that loses it."""
+        check_channel(channel)
+        partitions = self._topic(topic).partitions.values()
+        for partition in partitions:
+            self.ensure_channel(partition.log, channel)
+        await asyncio.sleep(0)
 
     def ensure_channel(self, log_: PartitionLog, name: str) -> Channel:
-        """The channel ``name`` of a log, created if needed."""
+        """The live channel ``name`` of a log, created if needed: what a SUB (or nsqd's HTTP
+        ``/channel/create``) does. youzan starts a new channel at the queue's end, on the
+        partition leader only; classic nsqd hands the topic's backlog to its first channel."""
         channel = log_.channels.get(name)
         if channel is not None:
             return channel
-        # youzan starts a new channel at the queue's end; classic nsqd hands the topic's
-        # backlog to its first channel.
         start = 0 if (log_.classic and not log_.had_channel) else len(log_.records)
         log_.had_channel = True
+        return self._open_channel(log_, name, start)
+
+    def _open_channel(self, log_: PartitionLog, name: str, start: int) -> Channel:
+        """A live channel of ``log_`` that starts delivering at log index ``start``."""
         record = None
         if self.record_deliveries:
             record = self._records.setdefault((log_.topic_name, name), ChannelRecord())
@@ -461,11 +517,31 @@ class Cluster:
         partition = self._partitions_by_log.get(id(log_))
         if partition is not None:
             channel.serving = partition.leader is not None and self.nodes[partition.leader].running
+            channel.on_confirm = self._replicate
             if name not in partition.topic.channel_names:
                 partition.topic.channel_names.append(name)
         log_.channels[name] = channel
         self.changed()
         return channel
+
+    def _replicate(self, channel: Channel) -> None:
+        """The leader syncs a channel's consume offset to its replicas when messages are
+        confirmed (youzan's FinishMessageToCluster; a replica that lacks the channel creates
+        it then): from now on every live replica holds the channel and follows it. Ephemeral
+        channels are never synced."""
+        channel.replicated = True
+        partition = self._partitions_by_log.get(id(channel.log))
+        if partition is None or channel.name.endswith("#ephemeral"):
+            return
+        for node in partition.replicas:
+            if node == partition.leader or not self.nodes[node].running:
+                continue
+            copies = partition.copies_on(node)
+            copy = copies.get(channel.name)
+            if copy is None:
+                copies[channel.name] = ChannelCopy(channel.name, channel.start_index, channel)
+            else:
+                copy.follows = channel
 
     def client_left(self, channel: Channel) -> None:
         if channel.name.endswith("#ephemeral") and not channel.clients:
@@ -488,6 +564,15 @@ class Cluster:
             node.classic_topics[name] = log_
             self.changed()
         return log_
+
+    def delete_classic_topic(self, node: NsqdNode, name: str) -> None:
+        """Classic nsqd ``/topic/delete``: its consumers are disconnected, the topic's
+        channels and messages are gone."""
+        log_ = node.classic_topics.pop(name)
+        node.detach_consumers(log_)
+        for channel in log_.channels.values():
+            channel.serving = False
+        self.changed()
 
     def partition_of(self, log_: PartitionLog) -> Partition | None:
         return self._partitions_by_log.get(id(log_))
@@ -540,19 +625,54 @@ class Cluster:
         return [r for r in partition.replicas if self.nodes[r].running]
 
     def _set_leader(self, partition: Partition, leader: int, *, restarted: bool = False) -> None:
-        """Make ``leader`` serve the partition. Consumers of the old leader are detached; the
-        new leader redelivers every unfinished message (a restarted node lost its memory)."""
+        """Make ``leader`` serve the partition. Consumers of the old leader are detached.
+
+        The new leader serves the channels it holds, each from its confirmed position (the
+        messages after it are redelivered, same ids, attempts counted afresh): a restarted
+        leader its own channels; another node its replica copies, as far as the old leader
+        had synced them. The old leader keeps its channels as a replica. A channel only the
+        old leader had is gone from the new one: the next SUB creates it at the topic's end.
+        """
         old = partition.leader
         partition.leader = leader
+        log_ = partition.log
         if old is not None and old != leader:
-            self.nodes[old].detach_consumers(partition.log)
+            self.nodes[old].detach_consumers(log_)
+        if old != leader or restarted:
+            self._hand_over(partition, old, leader)
         serving = self.nodes[leader].running
-        for channel in partition.log.channels.values():
+        for channel in log_.channels.values():
             channel.serving = serving
-            if serving and (old != leader or restarted):
-                channel.reset_for_new_leader()
         self._update_writable(partition)
         self.changed()
+
+    def _hand_over(self, partition: Partition, old: int | None, leader: int) -> None:
+        """Replace the live channels by the ones ``leader`` holds (see _set_leader)."""
+        log_ = partition.log
+        previous = log_.channels
+        durable = {n: c for n, c in previous.items() if not n.endswith("#ephemeral")}
+        if old == leader:
+            starts = {name: channel.confirmed_index() for name, channel in durable.items()}
+        else:
+            starts = {n: c.position() for n, c in partition.copies.pop(leader, {}).items()}
+            if old is not None:
+                kept = partition.copies_on(old)
+                for name, channel in durable.items():
+                    kept[name] = ChannelCopy(name, channel.confirmed_index())
+            for name in partition.topic.registered_channels:
+                # registered channels exist on every replica (a node new to the partition
+                # gets the old leader's position)
+                if name not in starts:
+                    had = previous.get(name)
+                    starts[name] = had.confirmed_index() if had else len(log_.records)
+        for copies in partition.copies.values():
+            for copy in copies.values():
+                copy.freeze()  # they followed the old leader's channels
+        for channel in previous.values():
+            channel.serving = False
+        log_.channels = {}
+        for name, start in starts.items():
+            self._open_channel(log_, name, start)
 
     def _update_writable(self, partition: Partition) -> None:
         alive = self._alive_replicas(partition)
@@ -617,6 +737,11 @@ class Cluster:
             raise ClusterError("the move source data is lost in cluster")
         if not move_leader:
             part.replicas[part.replicas.index(from_node)] = to_node
+            part.copies.pop(from_node, None)
+            for channel in part.log.channels.values():
+                channel.replicated = False  # the new replica gets them on the next sync
+                if channel.name in part.topic.registered_channels:
+                    self._replicate(channel)
             self._update_writable(part)
             self.changed()
             return to_node
@@ -686,6 +811,9 @@ class Cluster:
                 self._update_writable(part)
                 if part.leader == index:
                     self._schedule_failover(part)
+                else:
+                    for copy in part.copies_on(index).values():
+                        copy.freeze()  # no more offset syncs while it is down
         self.changed()
 
     def _logs_led_by(self, index: int) -> list[PartitionLog]:
@@ -737,6 +865,8 @@ class Cluster:
                     self._set_leader(part, index, restarted=True)
                 else:
                     self._update_writable(part)
+                    for channel in part.log.channels.values():
+                        channel.replicated = False  # it catches up on the next sync
         for log_ in node.classic_topics.values():
             for channel in log_.channels.values():
                 channel.serving = True

@@ -36,6 +36,7 @@ log = logging.getLogger("smartnsq.testing.http")
 V1_ACCEPT = "application/vnd.nsq; version=1.0"
 V1_CONTENT_TYPE_HEADER = ("X-NSQ-Content-Type", "nsq; version=1.0")
 _JSON = "application/json; charset=utf-8"
+_SNIFFED_TEXT = "text/plain; charset=utf-8"  # what Go's http.DetectContentType says of text
 _REASONS = {
     200: "OK",
     400: "Bad Request",
@@ -72,10 +73,14 @@ class Request:
 
 @dataclass
 class Response:
+    """An answer. ``content_type`` None: the handler set none, so Go's net/http sniffs the
+    body: ``text/plain; charset=utf-8`` for the text bodies the APIs write, and no
+    ``Content-Type`` header at all for an empty body (the servers' empty 200 answers)."""
+
     status: int = 200
     body: bytes = b""
     headers: list[tuple[str, str]] = field(default_factory=list)
-    content_type: str = "text/plain; charset=utf-8"
+    content_type: str | None = None
 
 
 class ApiError(Exception):
@@ -275,11 +280,13 @@ class _HttpProtocol(asyncio.Protocol):
         if self._transport is None or self._transport.is_closing():
             return
         reason = _REASONS.get(response.status, "Unknown")
-        head = [
-            f"HTTP/1.1 {response.status} {reason}",
-            f"Content-Type: {response.content_type}",
-            f"Content-Length: {len(response.body)}",
-        ]
+        content_type = response.content_type
+        if content_type is None and response.body:
+            content_type = _SNIFFED_TEXT
+        head = [f"HTTP/1.1 {response.status} {reason}"]
+        if content_type is not None:
+            head.append(f"Content-Type: {content_type}")
+        head.append(f"Content-Length: {len(response.body)}")
         head += [f"{k}: {v}" for k, v in response.headers]
         if not keep_alive:
             head.append("Connection: close")

@@ -226,11 +226,24 @@ class LookupdNode:
         leader = partition.leader
         return leader is not None and self.cluster.nodes[leader].running
 
+    def _partition_channels(self, part: Partition) -> set[str]:
+        """The channels live nodes hold for a partition: every nsqd registers its own (the
+        leader's live ones, and the copies on replicas; the leader_change recordings list the
+        channels of a rejoined old leader)."""
+        nodes = self.cluster.nodes
+        held: set[str] = set()
+        if part.leader is not None and nodes[part.leader].running:
+            held.update(part.log.channels)
+        for node, copies in part.copies.items():
+            if node != part.leader and node in part.replicas and nodes[node].running:
+                held.update(copies)
+        return held
+
     def _registered_channels(self, topic: Topic, partition: str = "*") -> list[str]:
         present: set[str] = set()
         for pid, part in topic.partitions.items():
-            if (partition == "*" or partition == str(pid)) and self._registered(part):
-                present.update(part.log.channels)
+            if partition == "*" or partition == str(pid):
+                present |= self._partition_channels(part)
         return [name for name in topic.channel_names if name in present]
 
     def _peer(self, node: NsqdNode) -> dict[str, Any]:
@@ -276,7 +289,8 @@ class LookupdNode:
             node = cluster.nodes[part.leader] if part.leader is not None else None
             if node is None:
                 continue
-            if access == "w" and not part.log.channels and not cluster.allow_write_with_no_channels:
+            no_channel = not self._partition_channels(part)
+            if access == "w" and no_channel and not cluster.allow_write_with_no_channels:
                 dropped_for_channels = True
                 continue
             partitions[str(part.id)] = self._peer(node)
@@ -327,7 +341,7 @@ class LookupdNode:
                     "ordered": t.ordered,
                     "multi_part": t.multi_part,
                     "disable_channel_auto_create": t.disable_channel_auto_create,
-                    "registered_channels": list(t.channel_names),
+                    "registered_channels": list(t.registered_channels),
                 }
                 for t in topics
             ]
@@ -506,11 +520,11 @@ class LookupdNode:
             raise ApiError(400, KEY_NOT_FOUND)
         if not topic.disable_channel_auto_create:
             raise ApiError(400, f"channel auto create NOT disabled in topic {name}")
-        if channel in topic.channel_names:
+        if channel in topic.registered_channels:
             raise ApiError(400, f"channel {channel} already registered")
         if not self.is_leader:
             raise ApiError(400, NOT_LOOKUP_LEADER)
-        self.cluster.create_channel_now(name, channel)
+        self.cluster.register_channel_now(name, channel)
 
     def _disable_write(self, request: Request) -> None:
         self._require_leader()

@@ -4,6 +4,30 @@ Each client connection is a :class:`ClientSession`: it parses commands with the 
 floor's server-side parser, answers with the same frames, error strings and fatal/non-fatal
 behaviour as the real servers recorded in ``../shared/captures``, and receives messages from
 the channels it subscribes to. Nothing of the client's transport is used here.
+
+Malformed commands are answered as the servers' ``protocol_v2.go`` answers them: the same
+checks in the same order, the same code and text, fatal (the connection closes after the
+error frame) or not. In short, for youzan nsqd:
+
+- a bad protocol magic: the frame ``E_BAD_PROTOCOL`` (no description), then close;
+- an unknown command (DPUB included): fatal ``E_INVALID invalid command [[..] ..]``; with TLS
+  required, anything but IDENTIFY before the upgrade: ``cannot X in current state (TLS
+  required)``;
+- IDENTIFY and AUTH are allowed until SUB (a second IDENTIFY is answered again); AUTH without
+  auth configured: ``E_AUTH_DISABLED AUTH Disabled``;
+- argument, body-size, state, name, partition, topic-existence, auth, subscription and id
+  errors are fatal; a topic partition this node does not hold is ``E_TOPIC_NOT_EXIST`` (an
+  invalid topic name too, on publish), partition -1 or none is the partition this node
+  leads (an ordered topic refuses that on publish, not on SUB/SUB_ORDERED);
+- after a publish passed those checks, ext header problems (``E_INVALID_JSON_HEADER``, an
+  empty header included; ``INVALID_TRACE_ID``; ``E_EXT_NOT_SUPPORT``) and the write itself
+  (``E_FAILED_ON_NOT_LEADER``, ``E_FAILED_ON_NOT_WRITABLE``) are not fatal, in that order;
+- ``E_FIN_FAILED``/``E_REQ_FAILED``/``E_TOUCH_FAILED`` are not fatal; FIN on a node that no
+  longer leads the partition is fatal ``E_FAILED_ON_NOT_LEADER``.
+
+Classic nsqd 1.x keeps its own texts (``invalid command X``, ``PUB invalid message body
+size``, ``invalid message ID``...) and clamps REQ delays like youzan. The table of every
+check, with the real texts, is ``tests/integration/test_cluster_tcp_error_paths.py``.
 """
 
 from __future__ import annotations
@@ -33,14 +57,28 @@ from smartnsq.protocol.server import (
     encode_response,
     split_mpub,
 )
-from smartnsq.protocol.validation import MAX_DPUB_DELAY_MS, TRACE_ID_KEY
+from smartnsq.protocol.validation import MAX_DESIRED_TAG_LENGTH, TRACE_ID_KEY
+from smartnsq.testing.golang import (
+    JsonParseError,
+    JsonValue,
+    byte_to_base10,
+    go_parse_bool,
+    go_parse_int,
+    go_quote,
+    json_get_string,
+    json_keys,
+    parse_json,
+    to_int64,
+)
 from smartnsq.testing.publish import (
+    TAG_KEY,
+    TOPIC_NOT_EXIST,
     PublishError,
     append_message,
     check_leader,
     check_writable,
     go_atoi,
-    header_trace_id,
+    parse_trace_id,
     resolve_partition,
     valid_name,
 )
@@ -57,6 +95,9 @@ YOUZAN_VERSION = "0.3.7-HA.1.13.0"
 CLASSIC_VERSION = "1.3.0"
 _READ_SIZE = 64 * 1024
 _OK_FRAME = encode_response(OK)  # the answer to nearly every PUB
+_BAD_PROTOCOL_FRAME = encode_error(b"E_BAD_PROTOCOL")  # a literal: no description, no space
+MAX_OUTPUT_BUFFER_SIZE = 64 * 1024
+ZAN_TEST_KEY = "zan_test"
 # The head of a message frame: size, frame type, timestamp, attempts.
 _pack_plain_head = struct.Struct(">iiqH").pack
 
@@ -101,12 +142,10 @@ class ClientError(Exception):
         self.fatal = fatal
 
     @property
-    def text(self) -> str:
-        return f"{self.code} {self.description}"
-
-
-# An ext element of PUB_EXT/MPUB_EXT: raw header, header, payload, trace id text and value.
-_ExtElement = tuple[bytes, "dict[str, Any] | None", bytes, "str | None", int]
+    def text(self) -> bytes:
+        """The frame's text, ``CODE description`` (a space even with no description); Go
+        formats raw command bytes into some descriptions, kept as they were."""
+        return f"{self.code} {self.description}".encode("utf-8", "surrogateescape")
 
 
 def _go_bytes(data: bytes) -> str:
@@ -222,9 +261,11 @@ class ClientSession(asyncio.BufferedProtocol):
         self.settings = node.settings
         self.cluster = node.cluster
         self.label = node.next_session_label()
-        body_commands = YOUZAN_BODY_COMMANDS if self.settings.youzan else CLASSIC_BODY_COMMANDS
+        youzan = self.settings.youzan
         self.parser = CommandParser(
-            body_commands=body_commands, max_body_size=self.settings.max_body_size
+            body_commands=YOUZAN_BODY_COMMANDS if youzan else CLASSIC_BODY_COMMANDS,
+            max_body_size=self.settings.max_body_size,
+            fixed_ids=youzan,
         )
         self._handlers = _YOUZAN_HANDLERS if self.settings.youzan else _CLASSIC_HANDLERS
         self.transport: asyncio.Transport | None = None
@@ -237,14 +278,16 @@ class ClientSession(asyncio.BufferedProtocol):
         self._closed = False
         self._closing_after_flush = False
         # identity and negotiated settings
-        self.identified = False
-        self.authed = not self.settings.auth_secrets
+        self.auth_identity: str | None = None
         self.tls = False
         self.heartbeat_interval = self.settings.heartbeat_interval
         self.msg_timeout = self.settings.msg_timeout
         self.extend_support = False
         self.desired_tag = ""
         self.sample_rate = 0
+        # nsqd's defaults before IDENTIFY: youzan 100 B / 50 ms, classic 16 KiB / 250 ms
+        self.output_buffer_size = 100 if youzan else 16 * 1024
+        self.output_buffer_timeout = 50 if youzan else 250
         self.client_id = ""
         self.hostname = ""
         self.user_agent = ""
@@ -307,8 +350,9 @@ class ClientSession(asyncio.BufferedProtocol):
                     continue
             try:
                 command = parser.next_command()
-            except ProtocolError as exc:
-                self._fatal(ClientError("E_BAD_PROTOCOL", str(exc)))
+            except ProtocolError:  # a bad protocol magic
+                self._write(_BAD_PROTOCOL_FRAME)
+                self.close_after_flush()
                 return
             if command is None:
                 return
@@ -398,103 +442,70 @@ class ClientSession(asyncio.BufferedProtocol):
     # ------------------------------------------------------------------ dispatch
 
     def _dispatch(self, command: ClientCommand) -> bytes | None:
+        """nsqd's Exec: IDENTIFY is always allowed, then the TLS policy, then the command
+        table (an unknown command is a fatal E_INVALID)."""
         name = command.name
+        if self.settings.tls_required and not self.tls and name != b"IDENTIFY":
+            raise ClientError("E_INVALID", f"cannot {_arg(name)} in current state (TLS required)")
         handler = self._handlers.get(name)
         if handler is None:
-            words = (name, *command.params)
-            raise ClientError(
-                "E_INVALID", "invalid command " + "[" + " ".join(_go_bytes(w) for w in words) + "]"
-            )
-        if self.settings.tls_required and not self.tls and name != b"IDENTIFY":
-            raise ClientError(
-                "E_INVALID", f"cannot {name.decode()} in current state (TLS required)"
-            )
+            if self.settings.youzan:
+                words = (name, *command.params)
+                shown = "[" + " ".join(_go_bytes(w) for w in words) + "]"
+            else:
+                shown = _arg(name)
+            raise ClientError("E_INVALID", f"invalid command {shown}")
         return handler(self, command)
 
-    def _need_auth(self, name: str) -> None:
-        if not self.authed:
-            raise ClientError("E_AUTH_FIRST", f"AUTH required before {name}")
+    def _check_auth(self, command_name: str) -> None:
+        """CheckAuth: with auth enabled, nothing but IDENTIFY and AUTH before a successful AUTH.
+        (The emulator's secrets allow every topic and channel.)"""
+        if self.settings.auth_secrets and self.auth_identity is None:
+            raise ClientError("E_AUTH_FIRST", f"AUTH required before {command_name}")
+
+    def _sized_body(self, kind: str, command: ClientCommand) -> bytes:
+        """The body of IDENTIFY or AUTH: ``<kind> body too big`` above max_body_size, ``<kind>
+        invalid body size`` at 0 or below."""
+        if command.body is not None:
+            return command.body
+        size = command.body_size or 0
+        if size > self.settings.max_body_size:
+            raise ClientError(
+                "E_BAD_BODY", f"{kind} body too big {size} > {self.settings.max_body_size}"
+            )
+        raise ClientError("E_BAD_BODY", f"{kind} invalid body size {size}")
 
     # IDENTIFY ---------------------------------------------------------------------------
 
     def _identify(self, command: ClientCommand) -> bytes | None:
-        if self.identified or self.channel is not None:
+        # Allowed as long as the client has not subscribed: a second IDENTIFY is answered
+        # like the first (the state only changes with SUB).
+        if self.channel is not None:
             raise ClientError("E_INVALID", "cannot IDENTIFY in current state")
-        body = command.body
-        if body is None:
-            raise ClientError("E_BAD_BODY", f"IDENTIFY invalid body size {command.body_size}")
-        try:
-            data = json.loads(body)
-        except ValueError:
-            raise ClientError("E_BAD_BODY", "IDENTIFY failed to decode JSON body") from None
-        if not isinstance(data, dict):
-            raise ClientError("E_BAD_BODY", "IDENTIFY failed to decode JSON body")
-        self.identified = True
         settings = self.settings
-        self.client_id = str(data.get("client_id", data.get("short_id", "")))
-        self.hostname = str(data.get("hostname", data.get("long_id", "")))
-        self.user_agent = str(data.get("user_agent", ""))
-
-        hb = _int(data, "heartbeat_interval")
-        if hb == -1:
-            self.heartbeat_interval = 0.0
-        elif hb == 0:
-            self.heartbeat_interval = settings.heartbeat_interval
-        elif 1000 <= hb <= settings.max_heartbeat_interval * 1000:
-            self.heartbeat_interval = hb / 1000
-        else:
-            raise ClientError("E_BAD_BODY", f"IDENTIFY heartbeat interval ({hb}) is invalid")
+        body = self._sized_body("IDENTIFY", command)
+        data = _decode_identify(body, _YOUZAN_IDENTIFY if settings.youzan else _CLASSIC_IDENTIFY)
+        try:
+            self._apply_identify(data)
+        except ValueError as exc:
+            raise ClientError("E_BAD_BODY", f"IDENTIFY {exc}") from None
         self._schedule_heartbeat()
-
-        obs = _int(data, "output_buffer_size")
-        if obs not in (-1, 0) and not obs >= 64:
-            raise ClientError("E_BAD_BODY", f"IDENTIFY output buffer size ({obs}) is invalid")
-        obt = _int(data, "output_buffer_timeout")
-        if obt not in (-1, 0) and not 1 <= obt <= 1000:
-            raise ClientError("E_BAD_BODY", f"IDENTIFY output buffer timeout ({obt}) is invalid")
-        rate = _int(data, "sample_rate")
-        if not 0 <= rate <= 99:
-            raise ClientError("E_BAD_BODY", f"IDENTIFY sample rate ({rate}) is invalid")
-        self.sample_rate = rate
-        mt = _int(data, "msg_timeout")
-        if mt != 0:
-            if not 1000 <= mt <= settings.max_msg_timeout * 1000:
-                raise ClientError(
-                    "E_BAD_BODY",
-                    f"IDENTIFY msg timeout ({mt}) is invalid, "
-                    f"max {int(settings.max_msg_timeout * 1000)}",
-                )
-            self.msg_timeout = mt / 1000
-        tag = data.get("desired_tag", "")
-        if not isinstance(tag, str) or len(tag) > 100:
-            raise ClientError("E_BAD_BODY", "IDENTIFY desired tag is invalid")
-        self.extend_support = bool(data.get("extend_support", False)) and settings.youzan
-        self.desired_tag = tag if settings.youzan else ""
+        if not data.get("feature_negotiation"):
+            return OK  # no negotiation: no upgrade either
 
         want_tls = bool(data.get("tls_v1")) and settings.tls_context is not None
         want_snappy = bool(data.get("snappy")) and settings.snappy
         want_deflate = bool(data.get("deflate")) and settings.deflate
+        level = int(data.get("deflate_level", 0))
+        if settings.youzan:
+            # youzan: min(requested, 6) when deflating (so a missing level is 0: its bug)
+            deflate_level = min(level, 6) if want_deflate else 0
+        else:
+            deflate_level = min(level if want_deflate and level > 0 else 6, 6)
         if want_snappy and want_deflate:
             raise ClientError(
                 "E_IDENTIFY_FAILED", "cannot enable both deflate and snappy compression"
             )
-        level = _int(data, "deflate_level")
-        if settings.youzan:
-            deflate_level = min(max(level, 0), 6)  # youzan: missing/0 -> level 0 (its bug)
-        else:
-            deflate_level = min(level, 6) if level > 0 else 6
-
-        if not bool(data.get("feature_negotiation", False)):
-            self._start_upgrades(want_tls, want_snappy, want_deflate, deflate_level, reply=OK)
-            return None
-        if settings.youzan:
-            buffer_size, buffer_timeout = 100, 50
-        else:
-            buffer_size, buffer_timeout = 16384, 250
-        if obs > 0:
-            buffer_size = min(obs, 64 * 1024)
-        if obt > 0:
-            buffer_timeout = max(obt, 10) if settings.youzan else obt
         reply = IdentifyResponse(
             max_rdy_count=settings.max_rdy_count,
             version=settings.version,
@@ -507,12 +518,81 @@ class ClientSession(asyncio.BufferedProtocol):
             snappy=want_snappy,
             sample_rate=self.sample_rate,
             auth_required=bool(settings.auth_secrets),
-            output_buffer_size=buffer_size,
-            output_buffer_timeout=buffer_timeout,
+            output_buffer_size=self.output_buffer_size,
+            output_buffer_timeout=self.output_buffer_timeout,
             desired_tag=self.desired_tag,
         ).encode()
         self._start_upgrades(want_tls, want_snappy, want_deflate, deflate_level, reply=reply)
         return None
+
+    def _apply_identify(self, data: dict[str, Any]) -> None:
+        """client.Identify: each setting in nsqd's order; ValueError names the first bad one."""
+        settings = self.settings
+        youzan = settings.youzan
+        client_id = data.get("client_id", "")
+        hostname = data.get("hostname", "")
+        if youzan:  # the deprecated names still count
+            client_id = client_id or data.get("short_id", "")
+            hostname = hostname or data.get("long_id", "")
+        self.client_id, self.hostname = client_id, hostname
+        self.user_agent = data.get("user_agent", "")
+
+        hb = data.get("heartbeat_interval", 0)
+        if hb == -1:
+            self.heartbeat_interval = 0.0
+        elif 1000 <= hb <= settings.max_heartbeat_interval * 1000:
+            self.heartbeat_interval = hb / 1000
+        elif hb != 0:
+            raise ValueError(f"heartbeat interval ({hb}) is invalid")
+
+        size = data.get("output_buffer_size", 0)
+        timeout = data.get("output_buffer_timeout", 0)
+        if youzan:
+            self._set_output_buffer_size(size, clamp=True)
+            self._set_output_buffer_timeout(10 if 0 < timeout < 10 else timeout, 1000)
+        else:  # classic checks the timeout first, and -1 for the size also unbuffers
+            self._set_output_buffer_timeout(timeout, 30_000)
+            self._set_output_buffer_size(size, clamp=False)
+            if size == -1:
+                self.output_buffer_timeout = 0
+
+        rate = data.get("sample_rate", 0)
+        if not 0 <= rate <= 99:
+            raise ValueError(f"sample rate ({rate}) is invalid")
+        self.sample_rate = rate
+
+        msg_timeout = data.get("msg_timeout", 0)
+        if 1000 <= msg_timeout <= settings.max_msg_timeout * 1000:
+            self.msg_timeout = msg_timeout / 1000
+        elif msg_timeout != 0:
+            raise ValueError(f"msg timeout ({msg_timeout}) is invalid")
+
+        if youzan:
+            tag = data.get("desired_tag", "")
+            if len(tag.encode()) > MAX_DESIRED_TAG_LENGTH:
+                raise ValueError(
+                    f"invalid tag len {len(tag.encode())}, exceed limit {MAX_DESIRED_TAG_LENGTH}"
+                )
+            if tag:  # an empty tag keeps the one set before
+                self.desired_tag = tag
+            if data.get("extend_support"):
+                self.extend_support = True  # never switched off again
+
+    def _set_output_buffer_size(self, size: int, *, clamp: bool) -> None:
+        if size == -1:
+            self.output_buffer_size = 1
+        elif 64 <= size <= MAX_OUTPUT_BUFFER_SIZE or (clamp and size > MAX_OUTPUT_BUFFER_SIZE):
+            self.output_buffer_size = min(size, MAX_OUTPUT_BUFFER_SIZE)
+        elif size != 0:
+            raise ValueError(f"output buffer size ({size}) is invalid")
+
+    def _set_output_buffer_timeout(self, timeout: int, maximum: int) -> None:
+        if timeout == -1:
+            self.output_buffer_timeout = 0
+        elif 1 <= timeout <= maximum:
+            self.output_buffer_timeout = timeout
+        elif timeout != 0:
+            raise ValueError(f"output buffer timeout ({timeout}) is invalid")
 
     def _start_upgrades(
         self, tls: bool, snappy: bool, deflate: bool, deflate_level: int, *, reply: bytes
@@ -527,7 +607,8 @@ class ClientSession(asyncio.BufferedProtocol):
         if snappy:
             codec = SnappyCodec()
         elif deflate:
-            codec = DeflateCodec(max(deflate_level, 1)) if deflate_level else _StoredDeflate()
+            # level 0 (youzan's missing-level bug) stores; Go's negative levels compress
+            codec = _StoredDeflate() if deflate_level == 0 else DeflateCodec(abs(deflate_level))
         if tls:
             self._upgrading = True
             if self.transport is not None:
@@ -568,18 +649,19 @@ class ClientSession(asyncio.BufferedProtocol):
     # AUTH -------------------------------------------------------------------------------
 
     def _auth(self, command: ClientCommand) -> bytes | None:
-        if not self.identified or self.channel is not None:
+        if self.channel is not None:
             raise ClientError("E_INVALID", "cannot AUTH in current state")
-        if not self.settings.auth_secrets:
-            raise ClientError("E_AUTH_DISABLED", "AUTH disabled")
-        if self.authed:
+        if command.params:
+            raise ClientError("E_INVALID", "AUTH invalid number of parameters")
+        body = self._sized_body("AUTH", command)
+        if self.auth_identity is not None:
             raise ClientError("E_INVALID", "AUTH Already set")
-        if command.body is None:
-            raise ClientError("E_BAD_BODY", f"AUTH invalid body size {command.body_size}")
-        identity = self.settings.auth_secrets.get(command.body.decode("utf-8", "replace"))
+        if not self.settings.auth_secrets:
+            raise ClientError("E_AUTH_DISABLED", "AUTH Disabled")
+        identity = self.settings.auth_secrets.get(body.decode("utf-8", "replace"))
         if identity is None:
             raise ClientError("E_AUTH_FAILED", "AUTH failed")
-        self.authed = True
+        self.auth_identity = identity
         return AuthResponse(identity, "", 1).encode()
 
     # SUB family -------------------------------------------------------------------------
@@ -594,29 +676,35 @@ class ClientSession(asyncio.BufferedProtocol):
         return self._subscribe(command, "SUB_ADVANCED")
 
     def _subscribe(self, command: ClientCommand, kind: str) -> bytes | None:
-        if self.channel is not None or self.closing:
-            raise ClientError("E_INVALID", f"cannot {kind} in current state")
+        """internalSUB, in nsqd's order of checks. Every text says SUB, whatever the kind."""
+        params = command.params
+        start = None
+        if kind == "SUB_ADVANCED" and len(params) > 3 and params[3]:
+            start = _consume_offset(params[3])  # parsed before anything else
+        if self.channel is not None:
+            raise ClientError("E_INVALID", "cannot SUB in current state")
         if self.heartbeat_interval <= 0:
-            raise ClientError("E_INVALID", f"cannot {kind} with heartbeats disabled")
-        params = [p.decode("utf-8", "replace") for p in command.params]
+            raise ClientError("E_INVALID", "cannot SUB with heartbeats disabled")
         if len(params) < 2:
-            raise ClientError("E_INVALID", f"{kind} insufficient number of parameters")
-        self._need_auth(kind)
-        topic_name, channel_name = params[0], params[1]
+            raise ClientError("E_INVALID", "SUB insufficient number of parameters")
+        topic_name, channel_name = _name(params[0]), _name(params[1])
         if not valid_name(topic_name):
-            raise ClientError("E_BAD_TOPIC", f'{kind} topic name "{topic_name}" is not valid')
+            raise ClientError("E_BAD_TOPIC", f"SUB topic name {go_quote(params[0])} is not valid")
         if not valid_name(channel_name):
-            raise ClientError("E_BAD_CHANNEL", f'{kind} channel name "{channel_name}" is not valid')
+            raise ClientError(
+                "E_BAD_CHANNEL", f"SUB channel name {go_quote(params[1])} is not valid"
+            )
         if not self.settings.youzan:
+            self._check_auth("SUB")
             log_ = self.cluster.classic_topic(self.node, topic_name)
             channel = self.cluster.ensure_channel(log_, channel_name)
             return self._join(channel, detail=False, ext=False)
 
-        topic, partition = self._resolve(kind, topic_name, params[2] if len(params) > 2 else None)
-        try:
-            check_leader(partition, self.node.index)
-        except PublishError as exc:
-            raise _refused(exc) from None
+        # Only a fourth word is a partition: SUB_ADVANCED with a start position (five
+        # words) subscribes to the node's default partition, whatever the third says.
+        partition_id = _partition_arg(params[2]) if len(params) == 3 else -1
+        self._check_auth("SUB")
+        topic, partition = self._existing(topic_name, partition_id)
         if kind == "SUB" and topic.ordered:
             raise ClientError(
                 "E_SUB_ORDER_IS_MUST", "this topic is configured only allow ordered sub"
@@ -631,41 +719,45 @@ class ClientSession(asyncio.BufferedProtocol):
                 "E_SUB_EXTEND_FORBIDDON",
                 "this topic is not extended and should not identify as extend support.",
             )
+        try:
+            check_leader(partition, self.node.index)
+        except PublishError as exc:
+            raise _refused(exc) from None
+        if topic.disable_channel_auto_create and channel_name not in partition.log.channels:
+            raise ClientError(
+                "E_SUB_CHANNEL_NOT_REGISTERED", "channel is not registered under topic."
+            )
+        channel = self.cluster.ensure_channel(partition.log, channel_name)
+        if not topic.ext:
+            self.desired_tag = ""  # a tag means nothing on a topic without ext
         if kind == "SUB_ORDERED" and self.sample_rate:
             raise ClientError(
                 "E_INVALID", "order consume is not allowed while sample rate is not 0"
             )
-        if topic.disable_channel_auto_create and channel_name not in partition.log.channels:
-            raise ClientError(
-                "E_SUB_CHANNEL_NOT_REGISTERED",
-                f"channel {channel_name} is not registered for topic {topic_name}",
-            )
-        channel = self.cluster.ensure_channel(partition.log, channel_name)
-        if kind == "SUB_ADVANCED" and len(params) > 3:
-            self._apply_start(channel, params[3])
+        if start is not None:
+            self._apply_start(channel, start)
         if kind == "SUB_ORDERED":
-            channel.ordered = True
+            channel.make_ordered()
         return self._join(channel, detail=kind != "SUB", ext=topic.ext)
 
-    def _apply_start(self, channel: Channel, spec: str) -> None:
-        kind, _, value_text = spec.partition(":")
-        try:
-            value = int(value_text)
-        except ValueError:
-            raise ClientError("E_INVALID", f"invalid consume offset: {spec}") from None
+    def _apply_start(self, channel: Channel, start: tuple[str, int]) -> None:
+        kind, value = start
         if channel.clients or channel.in_flight:
             return  # only honoured for the first client of a channel
         records = channel.log
-        if kind == "msgcount" and value >= 0:
-            channel.next_index = min(value, len(records.records))
-        elif kind == "virtual_queue" and value >= 0:
-            channel.next_index = records.index_for_offset(value)
-        elif kind == "timestamp" and value >= 0:
-            channel.next_index = records.index_for_timestamp(value)
-        elif kind == "special" and value == -1:
+        if kind == "special":
+            if value != -1:
+                raise ClientError("E_INVALID", "not supported offset type")
             channel.next_index = len(records.records)
+        elif value < 0:
+            # nsqd's coordinator refuses it; the text here is the emulator's own
+            raise ClientError("E_INVALID", f"invalid consume offset: {kind}:{value}")
+        elif kind == "msgcount":
+            channel.next_index = min(value, len(records.records))
+        elif kind == "virtual_queue":
+            channel.next_index = records.index_for_offset(value)
         else:
-            raise ClientError("E_INVALID", f"invalid consume offset: {spec}")
+            channel.next_index = records.index_for_timestamp(value)
         channel.requeue.clear()
 
     def _join(self, channel: Channel, *, detail: bool, ext: bool) -> bytes:
@@ -677,158 +769,102 @@ class ClientSession(asyncio.BufferedProtocol):
         self.cluster.changed()
         return OK
 
-    def _resolve(
-        self, kind: str, topic_name: str, partition_text: str | None
-    ) -> tuple[Topic, Partition]:
-        """youzan: the topic partition this command targets, hosted on this node: TCP's own
-        checks of the partition argument, then :func:`resolve_partition`."""
-        partition_id = -1
-        if partition_text is not None:
-            try:
-                partition_id = go_atoi(partition_text)
-            except ValueError as exc:
-                raise ClientError(
-                    "E_BAD_PARTITION", f"topic partition is not valid: {exc}"
-                ) from None
-            if partition_id < 0:
-                raise ClientError(
-                    "E_BAD_PARTITION", f"topic partition is not valid: {partition_id}"
-                )
-        if partition_id < 0:
-            # An ordered or multi-part topic needs an explicit partition over TCP (a topic
-            # that does not exist is E_TOPIC_NOT_EXIST, below).
-            topic = self.cluster.topics.get(topic_name)
-            if topic is not None and (topic.ordered or topic.multi_part):
-                raise ClientError(
-                    "E_BAD_PARTITION", "topic partition is not valid for multi partition: -1"
-                )
+    def _existing(self, topic_name: str, partition_id: int) -> tuple[Topic, Partition]:
+        """getExistingTopic: the topic partition hosted here (leader or replica); -1 is the
+        partition this node leads. Anything else is E_TOPIC_NOT_EXIST (names nsqd would
+        refuse elsewhere simply do not exist)."""
+        if partition_id < -1:
+            raise ClientError(TOPIC_NOT_EXIST, "")
         try:
             return resolve_partition(self.cluster, self.node.index, topic_name, partition_id)
         except PublishError as exc:
             raise _refused(exc) from None
 
-    # PUB family -------------------------------------------------------------------------
+    # PUB family (youzan) ------------------------------------------------------------------
 
-    def _pub_target(self, kind: str, command: ClientCommand) -> tuple[PartitionLog, Topic | None]:
+    def _prepare_pub(
+        self, command: ClientCommand, *, batch: bool
+    ) -> tuple[Topic, Partition, bytes]:
+        """preparePub: arguments, body size, the topic partition, then the ordered-topic and
+        auth checks. Shared by every PUB and MPUB variant; their errors say no command."""
         params = command.params
         if not params:
-            raise ClientError("E_INVALID", f"{kind} insufficient number of parameters")
-        self._need_auth(kind)
-        topic_name = params[0].decode("utf-8", "replace")
-        if not valid_name(topic_name):
-            raise ClientError("E_BAD_TOPIC", f'{kind} topic name "{topic_name}" is not valid')
-        if not self.settings.youzan:
-            return self.cluster.classic_topic(self.node, topic_name), None
-        partition_text = params[1].decode("utf-8", "replace") if len(params) > 1 else None
-        topic, partition = self._resolve(kind, topic_name, partition_text)
+            raise ClientError("E_INVALID", "insufficient number of parameters")
+        # Only a third word is a partition ("PUB t 0 x" goes to the default partition); -1
+        # is the default partition too.
+        partition_id = _partition_arg(params[1]) if len(params) == 2 else -1
+        size, body = _body(command)
+        limit = self.settings.max_body_size if batch else self.settings.max_msg_size
+        if size <= 0:
+            raise ClientError("E_BAD_BODY", f"invalid body size {size}")
+        if size > limit or body is None:
+            if batch:
+                raise ClientError("E_BAD_BODY", f"body too big {size} > {limit}")
+            raise ClientError("E_BAD_MESSAGE", f"message too big {size} > {limit}")
+        topic, partition = self._existing(_name(params[0]), partition_id)
+        if partition_id == -1 and topic.ordered:
+            raise ClientError(
+                "E_BAD_PARTITION", "topic partition is not valid for multi partition: -1"
+            )
+        if self.settings.auth_secrets:
+            self._check_auth("PUB")
+        return topic, partition, body
+
+    def _writable(self, partition: Partition) -> PartitionLog:
+        """The write itself: refused without being fatal when this node is not the leader
+        (or has lost its quorum), after every other check passed."""
         try:
             check_writable(partition, self.node.index)
         except PublishError as exc:
-            raise _refused(exc, fatal=False) from None  # after a publish: not fatal
-        return partition.log, topic
-
-    def _body(self, kind: str, command: ClientCommand, limit: int, error: str) -> bytes:
-        body = command.body
-        if body is None:
-            raise ClientError("E_BAD_BODY", f"invalid body size {command.body_size}")
-        if len(body) > limit:
-            raise ClientError(error, f"{kind} message too big {len(body)} > {limit}")
-        return body
+            raise _refused(exc, fatal=False) from None
+        return partition.log
 
     def _published(self, count: int) -> None:
         self.published += count
         self.cluster.changed()
 
     def _pub(self, command: ClientCommand) -> bytes | None:
-        body = self._body("PUB", command, self.settings.max_msg_size, "E_BAD_MESSAGE")
-        log_, _ = self._pub_target("PUB", command)
-        log_.append(body)
-        self._published(1)
-        return OK
-
-    def _dpub(self, command: ClientCommand) -> bytes | None:
-        params = command.params
-        if len(params) < 2:
-            raise ClientError("E_INVALID", "DPUB insufficient number of parameters")
-        try:
-            delay_ms = go_atoi(params[1].decode("utf-8", "replace"))
-        except ValueError:
-            raise ClientError("E_INVALID", "DPUB could not parse timeout") from None
-        if not 0 <= delay_ms <= MAX_DPUB_DELAY_MS:
-            raise ClientError(
-                "E_INVALID", f"DPUB timeout {delay_ms} out of range 0-{MAX_DPUB_DELAY_MS}"
-            )
-        body = self._body("DPUB", command, self.settings.max_msg_size, "E_BAD_MESSAGE")
-        log_, _ = self._pub_target("DPUB", command)
-        record = log_.append(body)
-        record.not_before = time.monotonic() + delay_ms / 1000
+        if not self.settings.youzan:
+            return self._classic_pub(command)
+        _, partition, body = self._prepare_pub(command, batch=False)
+        self._writable(partition).append(body)
         self._published(1)
         return OK
 
     def _pub_trace(self, command: ClientCommand) -> bytes | None:
-        body = self._body("PUB_TRACE", command, self.settings.max_msg_size + 8, "E_BAD_MESSAGE")
+        _, partition, body = self._prepare_pub(command, batch=False)
         if len(body) <= 8:
             raise ClientError("E_BAD_BODY", f"invalid body size {len(body)} with trace id enabled")
-        log_, _ = self._pub_target("PUB_TRACE", command)
         trace_id = int.from_bytes(body[:8], "big")
-        record = log_.append(body[8:], trace_id=trace_id)
+        record = self._writable(partition).append(body[8:], trace_id=trace_id)
         self._published(1)
         return TraceReceipt(record.internal_id, trace_id, record.offset, record.raw_size).encode()
 
-    def _check_ext_topic(self, topic: Topic | None) -> None:
-        """PUB_EXT/MPUB_EXT to a topic without ext: refused, unless ext-compatible publishes
-        are allowed (then :meth:`_parse_ext` decides by the header's keys)."""
-        if topic is not None and not topic.ext and not self.settings.allow_ext_compatible:
-            raise _ext_not_supported(topic)
-
-    def _parse_ext(self, element: bytes, topic: Topic | None) -> _ExtElement:
-        """Split ``[uint16 len][json][payload]``; validate like youzan nsqd. Returns the raw
-        header, the header (None: store no ext header), the payload and the trace id (its
-        text, None if absent, and its value)."""
-        if len(element) < 2:
-            raise ClientError("E_BAD_BODY", "invalid body size with ext json header")
-        json_len = int.from_bytes(element[:2], "big")
-        if len(element) <= 2 + json_len:
-            raise ClientError(
-                "E_BAD_BODY", f"invalid body size {len(element)} with ext json header"
-            )
-        raw = element[2 : 2 + json_len]
-        payload = element[2 + json_len :]
-        if json_len == 0:
-            return b"", None, payload, None, 0
-        try:
-            header = json.loads(raw)
-        except ValueError as exc:
-            raise ClientError(
-                "E_INVALID_JSON_HEADER", f"fail to parse json header:{exc}", fatal=False
-            ) from None
-        if not isinstance(header, dict):
-            raise ClientError(
-                "E_INVALID_JSON_HEADER", "fail to parse json header:not an object", fatal=False
-            )
-        if topic is not None and not topic.ext:
-            if self.settings.allow_ext_compatible and all(
-                k.startswith("##") or k == "zan_test" for k in header
-            ):
-                return b"", None, payload, None, 0
-            raise _ext_not_supported(topic)
-        if header.get(TRACE_ID_KEY) is None:
-            # A JSON null trace id is no trace id here (header_trace_id refuses it).
-            return raw, header, payload, None, 0
-        try:
-            trace_text, trace_id = header_trace_id(header)
-        except PublishError as exc:
-            raise _refused(exc, fatal=False) from None
-        return raw, header, payload, trace_text, trace_id
-
     def _pub_ext(self, command: ClientCommand) -> bytes | None:
-        body = self._body(
-            "PUB_EXT", command, self.settings.max_msg_size + 2 + 65535, "E_BAD_MESSAGE"
+        topic, partition, body = self._prepare_pub(command, batch=False)
+        size = len(body)
+        if size <= 2:
+            raise ClientError(
+                "E_BAD_BODY", f"invalid body size {size} with ext json header enabled"
+            )
+        json_len = int.from_bytes(body[:2], "big")
+        if size <= 2 + json_len:
+            raise ClientError(
+                "E_BAD_BODY", f"invalid body size {size} in ext json header content length"
+            )
+        raw = body[2 : 2 + json_len]
+        # An empty header is parsed too, and refused, on any topic.
+        header = _ext_header(raw)
+        trace_text, trace_id = _ext_trace_id(header)
+        stored = self._ext_for_topic(topic, header)
+        log_ = self._writable(partition)
+        record = append_message(
+            log_,
+            body[2 + json_len :],
+            trace_id=trace_id,
+            header=stored,
+            raw_header=raw if stored is not None else b"",
         )
-        log_, topic = self._pub_target("PUB_EXT", command)
-        self._check_ext_topic(topic)
-        raw, header, payload, trace_text, trace_id = self._parse_ext(body, topic)
-        record = append_message(log_, payload, trace_id=trace_id, header=header, raw_header=raw)
         self._published(1)
         if trace_text is not None:
             return TraceReceipt(
@@ -836,48 +872,162 @@ class ClientSession(asyncio.BufferedProtocol):
             ).encode()
         return OK
 
-    def _mpub_common(
-        self, kind: str, command: ClientCommand
-    ) -> tuple[PartitionLog, Topic | None, list[bytes]]:
-        body = command.body
-        if body is None:
-            raise ClientError("E_BAD_BODY", f"{kind} invalid body size {command.body_size}")
-        extra = {"MPUB": 0, "MPUB_TRACE": 8, "MPUB_EXT": 2 + 65535}[kind]
-        try:
-            elements = split_mpub(
-                body, self.settings.max_msg_size + extra, self.settings.max_body_size
-            )
-        except MpubFormatError as exc:
-            code = "E_BAD_BODY" if exc.reason == "count" else "E_BAD_MESSAGE"
-            raise ClientError(code, str(exc)) from None
-        log_, topic = self._pub_target(kind, command)
-        return log_, topic, elements
+    def _ext_for_topic(self, topic: Topic, header: JsonValue) -> dict[str, Any] | None:
+        """What is stored of a valid ext header: on an ext topic the header (with its dispatch
+        tag); on another topic nothing, if nsqd runs with allow_ext_compatible and every key
+        is internal (``##...``, ``zan_test``); E_EXT_NOT_SUPPORT otherwise."""
+        if topic.ext:
+            try:
+                tag = json_get_string(header, TAG_KEY)
+            except TypeError:
+                tag = None
+            return {TAG_KEY: tag} if tag is not None else {}
+        if self.settings.allow_ext_compatible and all(
+            key == ZAN_TEST_KEY or key.startswith("##") for key in json_keys(header)
+        ):
+            return None
+        raise _ext_not_supported(topic)
 
     def _mpub(self, command: ClientCommand) -> bytes | None:
-        log_, _, elements = self._mpub_common("MPUB", command)
-        log_.extend(elements)
-        self._published(len(elements))
+        if not self.settings.youzan:
+            return self._classic_mpub(command)
+        _, partition, body = self._prepare_pub(command, batch=True)
+        messages, malformed = self._batch(body)
+        if malformed is not None:
+            raise malformed
+        self._writable(partition).extend(messages)
+        self._published(len(messages))
         return OK
 
     def _mpub_trace(self, command: ClientCommand) -> bytes | None:
-        log_, _, elements = self._mpub_common("MPUB_TRACE", command)
-        if any(len(e) <= 8 for e in elements):
-            raise ClientError("E_BAD_BODY", "invalid body size with trace id enabled")
-        records = [
-            log_.append(element[8:], trace_id=int.from_bytes(element[:8], "big"))
-            for element in elements
-        ]
+        _, partition, body = self._prepare_pub(command, batch=True)
+        elements, malformed = self._batch(body)
+        messages = []
+        for index, element in enumerate(elements):
+            if len(element) <= 8:
+                raise ClientError(
+                    "E_BAD_MESSAGE",
+                    f"MPUB invalid message({index}) body size {len(element)} for tracing",
+                )
+            messages.append((element[8:], int.from_bytes(element[:8], "big")))
+        if malformed is not None:
+            raise malformed
+        log_ = self._writable(partition)
+        records = [log_.append(payload, trace_id=trace_id) for payload, trace_id in messages]
         self._published(len(records))
         total = sum(r.raw_size for r in records)
         return TraceReceipt(records[0].internal_id, 0, records[0].offset, total).encode()
 
     def _mpub_ext(self, command: ClientCommand) -> bytes | None:
-        log_, topic, elements = self._mpub_common("MPUB_EXT", command)
-        self._check_ext_topic(topic)
-        parsed = [self._parse_ext(e, topic) for e in elements]  # all or nothing
-        for raw, header, payload, _, trace_id in parsed:
-            append_message(log_, payload, trace_id=trace_id, header=header, raw_header=raw)
-        self._published(len(parsed))
+        topic, partition, body = self._prepare_pub(command, batch=True)
+        elements, malformed = self._batch(body)
+        messages = [self._ext_element(topic, element) for element in elements]
+        if malformed is not None:
+            raise malformed
+        log_ = self._writable(partition)  # all or nothing
+        for payload, trace_id, stored, raw in messages:
+            append_message(log_, payload, trace_id=trace_id, header=stored, raw_header=raw)
+        self._published(len(messages))
+        return OK
+
+    def _ext_element(
+        self, topic: Topic, element: bytes
+    ) -> tuple[bytes, int, dict[str, Any] | None, bytes]:
+        """One MPUB_EXT element ``[uint16 len][json][payload]``: payload, trace id, the header
+        to store (None: none) and its raw JSON. A zero length means no header, on any topic."""
+        size = len(element)
+        json_len = int.from_bytes(element[:2], "big")
+        # (nsqd itself crashes on a 1-byte element; refused here like a short one)
+        if size < 2 or size <= 2 + json_len:
+            raise ClientError(
+                "E_BAD_BODY", f"invalid body size {size} in ext json header content length"
+            )
+        payload = element[2 + json_len :]
+        if json_len == 0:
+            return payload, 0, None, b""
+        if not topic.ext and not self.settings.allow_ext_compatible:
+            raise _ext_not_supported(topic)
+        raw = element[2 : 2 + json_len]
+        header = _ext_header(raw)
+        _, trace_id = _ext_trace_id(header)
+        stored = self._ext_for_topic(topic, header)
+        return payload, trace_id, stored, raw if stored is not None else b""
+
+    def _batch(self, body: bytes) -> tuple[list[bytes], ClientError | None]:
+        """The elements of an MPUB body and, if it is malformed, the error nsqd answers once
+        it has read (and checked) the elements before the bad one."""
+        settings = self.settings
+        try:
+            return split_mpub(body, settings.max_msg_size, settings.max_body_size), None
+        except MpubFormatError as exc:
+            code = "E_BAD_BODY" if exc.reason == "count" else "E_BAD_MESSAGE"
+            return exc.elements, ClientError(code, str(exc))
+
+    # PUB family (classic) -----------------------------------------------------------------
+
+    def _classic_topic(self, kind: str, command: ClientCommand, words: int = 1) -> PartitionLog:
+        params = command.params
+        if len(params) < words:
+            raise ClientError("E_INVALID", f"{kind} insufficient number of parameters")
+        name = _name(params[0])
+        if not valid_name(name):
+            # nsqd 1.x really repeats the code in MPUB's text
+            prefix = "E_BAD_TOPIC " if kind == "MPUB" else ""
+            raise ClientError(
+                "E_BAD_TOPIC", f"{prefix}{kind} topic name {go_quote(params[0])} is not valid"
+            )
+        return self.cluster.classic_topic(self.node, name)
+
+    def _classic_message(self, kind: str, command: ClientCommand) -> bytes:
+        """A single message body: E_BAD_MESSAGE when empty or above max_msg_size."""
+        size, body = _body(command)
+        limit = self.settings.max_msg_size
+        if size <= 0:
+            raise ClientError("E_BAD_MESSAGE", f"{kind} invalid message body size {size}")
+        if size > limit or body is None:
+            raise ClientError("E_BAD_MESSAGE", f"{kind} message too big {size} > {limit}")
+        return body
+
+    def _classic_pub(self, command: ClientCommand) -> bytes | None:
+        log_ = self._classic_topic("PUB", command)
+        body = self._classic_message("PUB", command)
+        self._check_auth("PUB")
+        log_.append(body)
+        self._published(1)
+        return OK
+
+    def _classic_mpub(self, command: ClientCommand) -> bytes | None:
+        log_ = self._classic_topic("MPUB", command)
+        self._check_auth("MPUB")
+        size, body = _body(command)
+        limit = self.settings.max_body_size
+        if size <= 0:
+            raise ClientError("E_BAD_BODY", f"MPUB invalid body size {size}")
+        if size > limit or body is None:
+            raise ClientError("E_BAD_BODY", f"MPUB body too big {size} > {limit}")
+        messages, malformed = self._batch(body)
+        if malformed is not None:
+            raise malformed
+        log_.extend(messages)
+        self._published(len(messages))
+        return OK
+
+    def _dpub(self, command: ClientCommand) -> bytes | None:
+        log_ = self._classic_topic("DPUB", command, words=2)
+        text = command.params[1]
+        try:
+            delay_ms = byte_to_base10(text)
+        except ValueError:
+            raise ClientError("E_INVALID", f"DPUB could not parse timeout {_arg(text)}") from None
+        max_ms = int(self.settings.max_req_timeout * 1000)
+        delay_ns = to_int64(to_int64(delay_ms) * 1_000_000)
+        if not 0 <= delay_ns <= max_ms * 1_000_000:
+            raise ClientError("E_INVALID", f"DPUB timeout {delay_ms} out of range 0-{max_ms}")
+        body = self._classic_message("DPUB", command)
+        self._check_auth("DPUB")
+        record = log_.append(body)
+        record.not_before = time.monotonic() + delay_ns / 1e9
+        self._published(1)
         return OK
 
     # consumer commands ------------------------------------------------------------------
@@ -887,11 +1037,14 @@ class ClientSession(asyncio.BufferedProtocol):
             return None  # RDY after CLS is ignored
         if self.channel is None:
             raise ClientError("E_INVALID", "cannot RDY in current state")
-        text = command.params[0].decode("utf-8", "replace") if command.params else ""
-        try:
-            count = go_atoi(text)
-        except ValueError:
-            raise ClientError("E_INVALID", f"RDY could not parse count {text}") from None
+        count = 1  # a bare RDY means 1
+        if command.params:
+            try:
+                count = to_int64(byte_to_base10(command.params[0]))
+            except ValueError:
+                raise ClientError(
+                    "E_INVALID", f"RDY could not parse count {_arg(command.params[0])}"
+                ) from None
         if not 0 <= count <= self.settings.max_rdy_count:
             raise ClientError(
                 "E_INVALID", f"RDY count {count} out of range 0-{self.settings.max_rdy_count}"
@@ -900,14 +1053,21 @@ class ClientSession(asyncio.BufferedProtocol):
         self.channel.schedule_pump()
         return None
 
-    def _check_leader(self, name: str) -> Channel:
+    def _subscribed(self, name: str) -> Channel:
         channel = self.channel
         if channel is None:
             raise ClientError("E_INVALID", f"cannot {name} in current state")
-        partition = self.cluster.partition_of(channel.log)
-        if partition is not None and partition.leader != self.node.index:
-            raise ClientError("E_FAILED_ON_NOT_LEADER", "")
         return channel
+
+    def _message_id(self, name: str, command: ClientCommand, words: int = 1) -> bytes:
+        params = command.params
+        if len(params) < words:
+            raise ClientError("E_INVALID", f"{name} insufficient number of params")
+        message_id = params[0]
+        if len(message_id) != 16:
+            text = "Invalid Message ID" if self.settings.youzan else "invalid message ID"
+            raise ClientError("E_INVALID", text)
+        return message_id
 
     def _id_failed(self, code: str, name: str, message_id: bytes) -> ClientError:
         if self.settings.youzan:
@@ -918,14 +1078,15 @@ class ClientSession(asyncio.BufferedProtocol):
             reason = "failed ID not in flight"
         return ClientError(code, f"{name} {shown} {reason}", fatal=False)
 
-    def _message_id(self, name: str, command: ClientCommand) -> bytes:
-        if not command.params or len(command.params[0]) != 16:
-            raise ClientError("E_INVALID", f"{name} invalid message id")
-        return command.params[0]
-
     def _fin(self, command: ClientCommand) -> bytes | None:
+        channel = self._subscribed("FIN")
         message_id = self._message_id("FIN", command)
-        channel = self._check_leader("FIN")
+        if self.settings.youzan:
+            if not _valid_internal_id(message_id):
+                raise ClientError("E_INVALID", "Invalid Message ID")
+            partition = self.cluster.partition_of(channel.log)
+            if partition is not None and partition.leader != self.node.index:
+                raise ClientError("E_FAILED_ON_NOT_LEADER", "")
         if not channel.finish(message_id, self):
             raise self._id_failed("E_FIN_FAILED", "FIN", message_id)
         self.cluster.changed()
@@ -947,33 +1108,41 @@ class ClientSession(asyncio.BufferedProtocol):
         channel = self.channel
         if channel is None:
             return
-        failed = channel.finish_many(message_ids, self)
+        invalid = _first_invalid_id(message_ids) if self.settings.youzan else None
+        if invalid is not None:
+            message_ids = message_ids[:invalid]
+        failed = channel.finish_many(message_ids, self) if message_ids else []
         for message_id in failed:
             self._write(encode_error(self._id_failed("E_FIN_FAILED", "FIN", message_id).text))
         if len(failed) < len(message_ids):
             self.cluster.changed()
+        if invalid is not None:
+            self._fatal(ClientError("E_INVALID", "Invalid Message ID"))
 
     def _req(self, command: ClientCommand) -> bytes | None:
-        message_id = self._message_id("REQ", command)
-        channel = self._check_leader("REQ")
-        text = command.params[1].decode("utf-8", "replace") if len(command.params) > 1 else ""
+        channel = self._subscribed("REQ")
+        message_id = self._message_id("REQ", command, words=2)
+        text = command.params[1]
         try:
-            timeout_ms = go_atoi(text)
+            timeout_ms = to_int64(byte_to_base10(text))
         except ValueError:
-            raise ClientError("E_INVALID", f"REQ could not parse timeout {text}") from None
-        max_ms = int(self.settings.max_req_timeout * 1000)
-        if self.settings.youzan:
-            timeout_ms = min(max(timeout_ms, 0), max_ms)
-        elif not 0 <= timeout_ms <= max_ms:
-            raise ClientError("E_INVALID", f"REQ timeout {timeout_ms} out of range 0-{max_ms}")
-        if not channel.requeue_message(message_id, self, timeout_ms / 1000):
+            # youzan prints the raw id too
+            shown = f"{_arg(message_id)}, {_arg(text)}" if self.settings.youzan else _arg(text)
+            raise ClientError("E_INVALID", f"REQ could not parse timeout {shown}") from None
+        # both flavours clamp the delay into 0..max_req_timeout
+        timeout_ns = to_int64(timeout_ms * 1_000_000)
+        max_ns = int(self.settings.max_req_timeout * 1e9)
+        delay = min(max(timeout_ns, 0), max_ns) / 1e9
+        if channel.ordered and delay > 0:
+            return None  # youzan ignores a delayed REQ on an ordered channel, known id or not
+        if not channel.requeue_message(message_id, self, delay):
             raise self._id_failed("E_REQ_FAILED", "REQ", message_id)
         self.cluster.changed()
         return None
 
     def _touch(self, command: ClientCommand) -> bytes | None:
+        channel = self._subscribed("TOUCH")
         message_id = self._message_id("TOUCH", command)
-        channel = self._check_leader("TOUCH")
         if not channel.touch(message_id, self):
             raise self._id_failed("E_TOUCH_FAILED", "TOUCH", message_id)
         return None
@@ -989,7 +1158,26 @@ class ClientSession(asyncio.BufferedProtocol):
         return None
 
     def _internal_create_topic(self, command: ClientCommand) -> bytes | None:
-        raise ClientError("E_CREATE_TOPIC_FAILED", "create topic is not allowed in cluster mode")
+        params = command.params
+        if len(params) < 2:
+            raise ClientError("E_INVALID", "CREATE_TOPIC insufficient number of parameters")
+        if not valid_name(_name(params[0])):
+            raise ClientError("E_BAD_TOPIC", f"topic name {go_quote(params[0])} is not valid")
+        partition = _partition_arg(params[1])
+        self._check_auth("CREATE_TOPIC")
+        if partition < 0:
+            raise ClientError("E_BAD_PARTITION", "partition should not less than 0")
+        if len(params) >= 3:
+            try:
+                go_parse_bool(params[2])
+            except ValueError as exc:
+                raise ClientError("E_BAD_EXT", f"topic ext is not valid: {exc}") from None
+        # the emulated nodes always run with the cluster coordinator
+        raise ClientError(
+            "E_CREATE_TOPIC_FAILED",
+            "CREATE_TOPIC is not allowed here while cluster feature enabled.",
+            fatal=False,
+        )
 
     # ------------------------------------------------------------------ delivery
 
@@ -1036,11 +1224,154 @@ class _StoredDeflate(DeflateCodec):
         self._compressor = zlib.compressobj(0, zlib.DEFLATED, -15)
 
 
-def _int(data: dict[str, Any], key: str) -> int:
-    value = data.get(key, 0)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ClientError("E_BAD_BODY", f"IDENTIFY failed to decode JSON body: {key}")
-    return int(value)
+def _body(command: ClientCommand) -> tuple[int, bytes | None]:
+    """A body command's size as sent, and its body (None when the size was out of the
+    parser's range: 0 or less, or above max_body_size, which nothing accepts)."""
+    body = command.body
+    return (len(body) if body is not None else command.body_size or 0), body
+
+
+def _arg(data: bytes) -> str:
+    """A command word as Go's ``%s`` prints it (bytes kept as they are)."""
+    return data.decode("utf-8", "surrogateescape")
+
+
+def _name(data: bytes) -> str:
+    """A topic or channel name as looked up (bytes that are not UTF-8 make it invalid)."""
+    return data.decode("utf-8", "replace")
+
+
+def _partition_arg(data: bytes) -> int:
+    if data.isdigit() and len(data) < 19:  # the usual case, within int64 (bytes: ASCII only)
+        return int(data)
+    try:
+        return go_atoi(_arg(data))
+    except ValueError as exc:
+        raise ClientError("E_BAD_PARTITION", f"topic partition is not valid: {exc}") from None
+
+
+_OFFSET_KINDS = frozenset({b"timestamp", b"special", b"virtual_queue", b"msgcount"})
+
+
+def _consume_offset(data: bytes) -> tuple[str, int]:
+    """SUB_ADVANCED's start position ``<type>:<value>`` (ConsumeOffset.FromBytes)."""
+    parts = data.split(b":")
+    if len(parts) != 2 or parts[0] not in _OFFSET_KINDS:
+        raise ClientError("E_INVALID", "invalid consume offset:" + _arg(data))
+    try:
+        return parts[0].decode(), go_parse_int(parts[1])
+    except ValueError as exc:
+        raise ClientError("E_INVALID", str(exc)) from None
+
+
+def _valid_internal_id(message_id: bytes) -> bool:
+    """youzan refuses a FIN whose internal id (the first 8 bytes, as int64) is not positive."""
+    return int.from_bytes(message_id[:8], "big", signed=True) > 0
+
+
+def _first_invalid_id(message_ids: list[bytes]) -> int | None:
+    """The index of the first id of a FIN run :func:`_valid_internal_id` refuses (all of
+    them unpacked at once: this runs for every FIN of a consumer)."""
+    internal = struct.unpack(">" + "q8x" * len(message_ids), b"".join(message_ids))
+    if min(internal) > 0:
+        return None
+    return next(i for i, value in enumerate(internal) if value <= 0)
+
+
+def _ext_header(raw: bytes) -> JsonValue:
+    """An ext header as youzan nsqd validates it (fastjson; an empty one does not parse)."""
+    try:
+        return parse_json(raw)
+    except JsonParseError as exc:
+        raise ClientError(
+            "E_INVALID_JSON_HEADER", f"fail to parse json header:{exc}", fatal=False
+        ) from None
+
+
+def _ext_trace_id(header: JsonValue) -> tuple[str | None, int]:
+    """The header's ``##trace_id``: (its text or None, its value); INVALID_TRACE_ID when it
+    is not a string of decimal digits within uint64."""
+    try:
+        text = json_get_string(header, TRACE_ID_KEY)
+    except TypeError:
+        raise ClientError(
+            "INVALID_TRACE_ID", "passin trace id should be string", fatal=False
+        ) from None
+    if text is None:
+        return None, 0
+    value = parse_trace_id(text)
+    if value is None:
+        raise ClientError("INVALID_TRACE_ID", "invalid trace id", fatal=False)
+    return text, value
+
+
+# IDENTIFY's JSON fields and their Go types (nsqd's IdentifyDataV2); other keys are ignored.
+_CLASSIC_IDENTIFY: dict[str, str] = {
+    "client_id": "string",
+    "hostname": "string",
+    "heartbeat_interval": "int",
+    "output_buffer_size": "int",
+    "output_buffer_timeout": "int",
+    "feature_negotiation": "bool",
+    "tls_v1": "bool",
+    "deflate": "bool",
+    "deflate_level": "int",
+    "snappy": "bool",
+    "sample_rate": "int32",
+    "user_agent": "string",
+    "msg_timeout": "int",
+}
+_YOUZAN_IDENTIFY: dict[str, str] = {
+    **_CLASSIC_IDENTIFY,
+    "short_id": "string",
+    "long_id": "string",
+    "desired_tag": "string",
+    "extend_support": "bool",
+    "ext_filter": "object",
+}
+_INT_RANGES = {"int": (-(1 << 63), (1 << 63) - 1), "int32": (-(1 << 31), (1 << 31) - 1)}
+
+
+class _JsonObject(list[tuple[str, Any]]):
+    """A decoded JSON object, members in order (Go matches keys one by one)."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"not JSON: {name}")
+
+
+def _decode_identify(body: bytes, fields: dict[str, str]) -> dict[str, Any]:
+    """``json.Unmarshal`` of IDENTIFY's body into nsqd's struct: an object (or null); keys
+    matched exactly, else without regard to case, the last one winning; a value of the wrong
+    type is an error; null leaves a field unset."""
+    try:
+        data = json.loads(body, object_pairs_hook=_JsonObject, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):
+        data = False
+    if data is None:
+        return {}
+    if not isinstance(data, _JsonObject):
+        raise ClientError("E_BAD_BODY", "IDENTIFY failed to decode JSON body")
+    folded = {name.lower(): name for name in fields}
+    out: dict[str, Any] = {}
+    for key, value in data:
+        name = key if key in fields else folded.get(key.lower())
+        if name is None or value is None:
+            continue
+        kind = fields[name]
+        if kind == "string":
+            ok = isinstance(value, str)
+        elif kind == "bool":
+            ok = isinstance(value, bool)
+        elif kind == "object":
+            ok = isinstance(value, _JsonObject)
+        else:
+            low, high = _INT_RANGES[kind]
+            ok = type(value) is int and low <= value <= high
+        if not ok:
+            raise ClientError("E_BAD_BODY", "IDENTIFY failed to decode JSON body")
+        out[name] = value
+    return out
 
 
 _Handler = Callable[[ClientSession, ClientCommand], "bytes | None"]

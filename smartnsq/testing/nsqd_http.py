@@ -7,7 +7,7 @@ publishing rules themselves live in :mod:`smartnsq.testing.publish`, shared with
 youzan: ``GET /ping``, ``GET /info``, ``POST /pub``, ``/pub_ext``, ``/mpub`` (negotiated
 envelope), ``POST /pubtrace`` (v1), ``GET /stats`` (negotiated), ``POST /channel/create`` (v1).
 Classic: ``GET /ping``, ``GET /info``, ``POST /pub``, ``/mpub``, ``GET /stats``,
-``POST /topic/create``, ``/channel/create`` (all v1, as nsqd 1.x answers).
+``POST /topic/create``, ``/topic/delete``, ``/channel/create`` (all v1, as nsqd 1.x answers).
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ class NsqdHttpApi:
                 "/mpub": Route(_POST, self._classic_mpub, Mode.V1),
                 "/stats": Route(_GET, self._stats, Mode.V1),
                 "/topic/create": Route(_POST, self._classic_topic_create, Mode.V1),
+                "/topic/delete": Route(_POST, self._classic_topic_delete, Mode.V1),
                 "/channel/create": Route(_POST, self._classic_channel_create, Mode.V1),
             }
 
@@ -316,6 +317,15 @@ class NsqdHttpApi:
 
     def _classic_topic_create(self, request: Request) -> None:
         self._classic_topic(request)
+
+    def _classic_topic_delete(self, request: Request) -> None:
+        """nsqd 1.x doDeleteTopic: the topic, its channels and messages go."""
+        name = request.arg("topic") or ""
+        if not name:
+            raise ApiError(400, "MISSING_ARG_TOPIC")
+        if name not in self.node.classic_topics:
+            raise ApiError(404, "TOPIC_NOT_FOUND")
+        self.node.cluster.delete_classic_topic(self.node, name)
 
     def _classic_channel_create(self, request: Request) -> None:
         name = request.arg("topic") or ""

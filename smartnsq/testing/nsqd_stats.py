@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from smartnsq.protocol.compression import DeflateCodec, SnappyCodec
 from smartnsq.testing.nsqd import ClientSession
+from smartnsq.testing.state import Channel, ChannelCopy
 
 if TYPE_CHECKING:
     from smartnsq.testing.nsqd import NsqdNode
-    from smartnsq.testing.state import Channel, Partition, PartitionLog, Subscriber
+    from smartnsq.testing.state import Partition, PartitionLog, Subscriber
 
 __all__ = ["StatsQuery", "classic_stats", "stats_text", "youzan_stats"]
 
@@ -104,14 +105,18 @@ def _youzan_topic(
 ) -> dict[str, Any]:
     topic = partition.topic
     log_ = partition.log
-    channels = [
-        _youzan_channel(node, ch)
-        for name, ch in sorted(log_.channels.items())
-        if not query.channel or name == query.channel
-    ]
-    if query.channel and not channels:
+    # The leader serves the live channels; a replica reports its own copies.
+    held: dict[str, Channel | ChannelCopy] = dict(
+        log_.channels if partition.leader == node.index else partition.copies_on(node.index)
+    )
+    entries = {
+        name: _youzan_channel(node, ch) if isinstance(ch, Channel) else _replica_channel(ch, log_)
+        for name, ch in sorted(held.items())
+    }
+    channels = [entry for name, entry in entries.items() if name == query.channel]
+    if not channels:
         # nsqd keeps the topic's channel list unfiltered when the channel is not found
-        channels = [_youzan_channel(node, ch) for _, ch in sorted(log_.channels.items())]
+        channels = list(entries.values())
     size_stats = [0] * 16
     for record in log_.records:
         size_stats[_size_bucket(len(record.body))] += 1
@@ -123,7 +128,7 @@ def _youzan_topic(
         "topic_full_name": f"{topic.name}-{partition.id}",
         "topic_partition": str(partition.id),
         "channels": channels,
-        "channel_num": len(log_.channels),
+        "channel_num": len(held),
         "depth": log_.end_offset,  # youzan reports the topic depth in bytes
         "backend_depth": log_.end_offset,
         "backend_start": 0,
@@ -188,6 +193,43 @@ def _youzan_channel(node: NsqdNode, channel: Channel) -> dict[str, Any]:
         "clients": clients,
         "client_num": len(clients),
         "paused": channel.paused,
+        "skipped": False,
+        "zan_test_skipped": False,
+        "delayed_queue_count": 0,
+        "delayed_queue_recent": go_time(0),
+        "delayed_queue_recent_nano": 0,
+        "e2e_processing_latency": dict(_E2E),
+        "msg_consume_latency_stats": [0] * 12,
+        "msg_delivery_latency_stats": [0] * 12,
+    }
+
+
+def _replica_channel(copy: ChannelCopy, log_: PartitionLog) -> dict[str, Any]:
+    """A replica's copy of a channel: no clients, nothing in flight; its depth counts from
+    the position the leader last synced to it."""
+    records = log_.records
+    start = copy.position()
+    depth = len(records) - start
+    oldest = records[start].timestamp if start < len(records) else 0
+    size = log_.end_offset - records[start].offset if start < len(records) else 0
+    return {
+        "channel_name": copy.name,
+        "backlogs": depth,
+        "depth": depth,
+        "depth_size": size,
+        "depth_ts": go_time(oldest),
+        "depth_ts_nano": oldest,
+        "backend_depth": depth,
+        "hourly_subsize": 0,
+        "in_flight_count": 0,
+        "deferred_count": 0,
+        "deferred_from_delay_count": 0,
+        "message_count": len(records),
+        "requeue_count": 0,
+        "timeout_count": 0,
+        "clients": [],
+        "client_num": 0,
+        "paused": False,
         "skipped": False,
         "zan_test_skipped": False,
         "delayed_queue_count": 0,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from smartnsq.protocol.message import EXT_VERSION_JSON
 from smartnsq.protocol.server import MpubFormatError, split_mpub
 from smartnsq.protocol.validation import TRACE_ID_KEY, UINT64_MAX
+from smartnsq.testing.golang import go_parse_int
 
 if TYPE_CHECKING:
     from smartnsq.testing.cluster import Cluster
@@ -61,12 +62,8 @@ def valid_name(name: str) -> bool:
 
 
 def go_atoi(text: str) -> int:
-    """Go's ``strconv.Atoi``; the ValueError carries Go's message (servers echo it)."""
-    digits = text[1:] if text[:1] in "+-" else text
-    # isdigit() alone would take other scripts' digits; isascii() keeps it to 0-9.
-    if not (digits.isascii() and digits.isdigit()):
-        raise ValueError(f'strconv.Atoi: parsing "{text}": invalid syntax')
-    return int(text)
+    """Go's ``strconv.Atoi`` (int64); the ValueError carries Go's message (servers echo it)."""
+    return go_parse_int(text, "Atoi")
 
 
 def parse_trace_id(text: str) -> int | None:

@@ -21,6 +21,7 @@ from smartnsq.protocol.message import EXT_VERSION_NONE, PARTITION_ID_SHIFT, youz
 
 __all__ = [
     "Channel",
+    "ChannelCopy",
     "ChannelRecord",
     "Delivery",
     "Partition",
@@ -271,11 +272,18 @@ class PartitionLog:
 
 
 class Channel:
-    """Delivery state of one channel on one partition log.
+    """Delivery state of one channel on one partition log, as the node serving it holds it.
 
     Unordered: messages go to subscribed clients while each has in-flight < RDY; requeued
     messages are redelivered before new ones. Ordered (after SUB_ORDERED): exactly one message
     in flight, strictly in queue order; REQ delays are ignored.
+
+    youzan: when a channel turns ordered for the first time while a message waits for
+    delivery, that message goes out twice, same id and attempts. (nsqd's SetOrdered resets
+    the channel's reader to the confirmed position while the message already read waits for
+    a client: it is sent, then read and sent again; sub_ordered_first_delivery_twice.txt. A
+    channel with nothing to deliver at that moment sends each message once: tcp_sub_ordered.txt.)
+    Only one copy is in flight: the second FIN of its id fails.
     """
 
     def __init__(
@@ -310,6 +318,12 @@ class Channel:
         self.timeout_count = 0
         self.finish_count = 0
         self.serving = True  # False while the partition has no leader to serve it
+        self.youzan = not log.classic
+        self._echo_next = False  # the next ordered delivery goes out twice (see above)
+        # youzan: called on a FIN while the replicas do not follow this channel yet (the
+        # leader syncs a channel's consume offset to its replicas when messages are confirmed)
+        self.on_confirm: Callable[[Channel], None] | None = None
+        self.replicated = False
 
     # ------------------------------------------------------------------ queries
 
@@ -320,6 +334,22 @@ class Channel:
 
     def has_client_tags(self) -> bool:
         return any(c.desired_tag for c in self.clients)
+
+    def confirmed_index(self) -> int:
+        """The log index below which every message is finished: where the channel resumes
+        after a restart, or on a replica that becomes the leader (its confirmed offset)."""
+        low = self.next_index
+        for delivery in self.iter_unfinished():
+            if delivery.record.index < low:
+                low = delivery.record.index
+        return low
+
+    def make_ordered(self) -> None:
+        """SUB_ORDERED: the channel becomes ordered (for good); the first time, on youzan,
+        a message already waiting is sent twice (see the class doc)."""
+        if not self.ordered:
+            self.ordered = True
+            self._echo_next = self.youzan and self._has_pending()
 
     # ------------------------------------------------------------------ clients
 
@@ -490,6 +520,15 @@ class Channel:
         delivery.deadline = deadline
         self.in_flight[delivery.record.id] = delivery
         self._sent([delivery], client, deadline)
+        if self._echo_next and self.ordered:
+            self._echo_next = False
+            # The same frame again; in flight once (its second FIN fails).
+            record = self.record
+            if record is not None:
+                internal_id = delivery.record.internal_id
+                entry = (self.log.partition, internal_id, delivery.attempts, client.label)
+                record.deliveries.append(entry)
+            client.deliver_many([delivery])
 
     # ------------------------------------------------------------------ answers
 
@@ -527,6 +566,8 @@ class Channel:
             if self.record is not None:
                 partition = self.log.partition
                 self.record.finished.extend((partition, d.record.internal_id) for d in finished)
+            if not self.replicated and self.on_confirm is not None:
+                self.on_confirm(self)
             self.schedule_pump()
         return failed
 
@@ -604,13 +645,41 @@ class Channel:
             yield delivery
 
 
+class ChannelCopy:
+    """A channel as a youzan replica holds it (not serving): where consumption would resume
+    if this node became the leader. While the replica receives the leader's consume-offset
+    syncs it ``follows`` the leader's live channel; otherwise ``start`` is the index it last
+    received."""
+
+    __slots__ = ("follows", "name", "start")
+
+    def __init__(self, name: str, start: int, follows: Channel | None = None) -> None:
+        self.name = name
+        self.start = start
+        self.follows = follows
+
+    def position(self) -> int:
+        follows = self.follows
+        return follows.confirmed_index() if follows is not None else self.start
+
+    def freeze(self) -> None:
+        """The replica stops receiving syncs (it stopped, or the leader changed)."""
+        if self.follows is not None:
+            self.start = self.follows.confirmed_index()
+            self.follows = None
+
+
 def _sampled_out(rate: int) -> bool:
     return random.randint(0, 99) >= rate
 
 
 @dataclass
 class Partition:
-    """One partition of a youzan topic: its replicas, leader and shared log."""
+    """One partition of a youzan topic: its replicas, leader and shared log.
+
+    The log's ``channels`` are the leader's (live, serving); ``copies`` are the other
+    replicas' channels, per node: a channel a SUB creates exists on the leader only until the
+    leader syncs its consume offset (on a FIN), and a registered one on every replica."""
 
     topic: Topic
     id: int
@@ -619,6 +688,10 @@ class Partition:
     log: PartitionLog
     writable: bool = True
     forced_unwritable: bool = False
+    copies: dict[int, dict[str, ChannelCopy]] = field(default_factory=dict)
+
+    def copies_on(self, node: int) -> dict[str, ChannelCopy]:
+        return self.copies.setdefault(node, {})
 
 
 @dataclass
@@ -631,7 +704,8 @@ class Topic:
     multi_part: bool = False
     disable_channel_auto_create: bool = False
     partitions: dict[int, Partition] = field(default_factory=dict)
-    channel_names: list[str] = field(default_factory=list)
+    channel_names: list[str] = field(default_factory=list)  # every channel, in creation order
+    registered_channels: list[str] = field(default_factory=list)  # through nsqlookupd
 
     def meta(self) -> dict[str, object]:
         return {

@@ -73,6 +73,7 @@ __all__ = [
     "LookupManager",
     "LookupdAnswer",
     "WatchCallback",
+    "normalize_seed",
 ]
 
 DEFAULT_LOOKUPD_PORT = 4161
@@ -86,8 +87,9 @@ _Key = tuple[str, Access]
 _FAILURES = (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError, ProtocolError, OSError)
 
 
-def _normalize_seed(seed: object) -> tuple[str, str]:
-    """``"host:port"`` or ``"http(s)://host:port"`` -> (address, base URL)."""
+def normalize_seed(seed: object) -> tuple[str, str]:
+    """An nsqlookupd address, ``"host:port"`` (port 4161 when omitted) or
+    ``"http(s)://host:port"``, as (``host:port``, base URL); ValidationError otherwise."""
     if not isinstance(seed, str) or not seed.strip():
         raise ValidationError("seeds", f"each seed must be a non-empty str, not {seed!r}")
     text = seed.strip()
@@ -220,7 +222,7 @@ class LookupManager:
 
         self._lookupds: dict[str, _Lookupd] = {}
         for seed in seeds:
-            address, base_url = _normalize_seed(seed)
+            address, base_url = normalize_seed(seed)
             self._lookupds.setdefault(address, _Lookupd(address, base_url, seed=True))
 
         self._timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)

@@ -18,16 +18,21 @@ CAPTURE = {
 
 async def create_capture_topics(cluster: Cluster, channels: Sequence[str] = ("init",)) -> None:
     """The captures' topics on a 4-node cluster: ptest 2x2, otest 4x2 ordered, etest 2x2 ext,
-    p3 3x1, r3test 1x3, placed as recorded, each with ``channels``."""
-    await cluster.create_topic("ptest", 2, 2, channels=channels, placement=CAPTURE["ptest"])
-    await cluster.create_topic(
-        "otest", 4, 2, ordered=True, channels=channels, placement=CAPTURE["otest"]
+    p3 3x1, r3test 1x3, placed as recorded, each with ``channels`` created the way the
+    recordings' were (by a SUB: channel auto-creation stays allowed, as in the captures)."""
+    topics = (
+        ("ptest", 2, 2, False, False),
+        ("otest", 4, 2, True, False),
+        ("etest", 2, 2, False, True),
+        ("p3", 3, 1, False, False),
+        ("r3test", 1, 3, False, False),
     )
-    await cluster.create_topic(
-        "etest", 2, 2, ext=True, channels=channels, placement=CAPTURE["etest"]
-    )
-    await cluster.create_topic("p3", 3, 1, channels=channels, placement=CAPTURE["p3"])
-    await cluster.create_topic("r3test", 1, 3, channels=channels, placement=CAPTURE["r3test"])
+    for name, partitions, replicas, ordered, ext in topics:
+        await cluster.create_topic(
+            name, partitions, replicas, ordered=ordered, ext=ext, placement=CAPTURE[name]
+        )
+        for channel in channels:
+            await cluster.create_channel_on_leaders(name, channel)
 
 
 @pytest.fixture

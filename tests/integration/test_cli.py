@@ -103,9 +103,14 @@ async def _finish(proc: asyncio.subprocess.Process, timeout: float = 20.0) -> Re
 @pytest.fixture
 async def cluster() -> AsyncIterator[Cluster]:
     async with Cluster(nodes=3, lookupds=2) as c:
-        await c.create_topic("orders", 4, 2, channels=["audit"])
-        await c.create_topic("ordered", 4, 2, ordered=True, channels=["audit"])
-        await c.create_topic("ext", 2, 1, ext=True, channels=["audit"])
+        # Channels that SUB may create (tail's ephemeral ones), and one so producers can write.
+        for name, partitions, replicas, ordered, ext in (
+            ("orders", 4, 2, False, False),
+            ("ordered", 4, 2, True, False),
+            ("ext", 2, 1, False, True),
+        ):
+            await c.create_topic(name, partitions, replicas, ordered=ordered, ext=ext)
+            await c.create_channel_on_leaders(name, "audit")
         yield c
 
 

@@ -56,6 +56,11 @@ async def test_move_leader(youzan: Cluster) -> None:
     old, new = 1, 2  # ptest-0: leader node 1, replica node 2
     producer = await _producer(youzan, old)
     consumer = await _consumer(youzan, old, "ptest", "mv", 0)
+    # A finished message syncs the channel's offset, and so the channel, to the replica.
+    await producer.ok(c.pub("ptest", b"finished", 0))
+    done = await consumer.message(YOUZAN)
+    consumer.send(c.fin(done.id))
+    await youzan.wait_for(lambda: youzan.unfinished("ptest", "mv") == 0)
     await producer.ok(c.pub("ptest", b"unfinished", 0))
     first = await consumer.message(YOUZAN)
     assert first.attempts == 1
@@ -69,8 +74,32 @@ async def test_move_leader(youzan: Cluster) -> None:
     assert (redelivered.id, redelivered.attempts, redelivered.body) == (first.id, 1, b"unfinished")
     again.send(c.fin(redelivered.id))
     await youzan.wait_for(lambda: youzan.unfinished("ptest", "mv") == 0)
-    assert youzan.channel_record("ptest", "mv").finished == [(0, first.internal_id)]
+    assert youzan.channel_record("ptest", "mv").finished == [
+        (0, done.internal_id),
+        (0, first.internal_id),
+    ]
     for client in (producer, again):
+        await client.close()
+
+
+async def test_a_channel_never_synced_does_not_survive_a_leader_change(youzan: Cluster) -> None:
+    """A channel created by SUB lives on the leader only until a FIN syncs its offset to the
+    replicas (channel_durability.txt): the new leader has none, the next SUB creates it at
+    the end, and what was published in between is never delivered to it."""
+    old, new = 1, 2
+    producer = await _producer(youzan, old)
+    consumer = await _consumer(youzan, old, "ptest", "fresh", 0)
+    await producer.ok(c.pub("ptest", b"held, never finished", 0))
+    await consumer.message(YOUZAN)
+    await youzan.move_leader("ptest", 0, to_node=new)
+    assert await consumer.closed()
+    writer = await _producer(youzan, new)
+    await writer.ok(c.pub("ptest", b"published while nobody subscribed", 0))
+    again = await _consumer(youzan, new, "ptest", "fresh", 0)
+    assert await again.silent(0.3)
+    await writer.ok(c.pub("ptest", b"after the new SUB", 0))
+    assert (await again.message(YOUZAN)).body == b"after the new SUB"
+    for client in (producer, writer, again):
         await client.close()
 
 
@@ -273,6 +302,8 @@ async def test_ordered_channel_ignores_req_delay() -> None:
         consumer.send(c.rdy(5))
         layout = MessageLayout.youzan(detail=True)
         first = await consumer.message(layout)
+        # published before the channel's first SUB_ORDERED: sent twice (as recorded)
+        assert (await consumer.message(layout)).id == first.id
         consumer.send(c.req(first.id, 5000))  # ignored: stays in flight until its timeout
         assert await consumer.silent(0.5)
         again = await consumer.message(layout, timeout=2)
@@ -286,9 +317,15 @@ async def test_ordered_channel_ignores_req_delay() -> None:
             await client.close()
 
 
-@pytest.mark.parametrize("count", [2501, -1])
-async def test_rdy_out_of_range_is_fatal(youzan: Cluster, count: int) -> None:
+@pytest.mark.parametrize(
+    ("count", "expected"),
+    [
+        (b"2501", "E_INVALID RDY count 2501 out of range 0-2500"),
+        # nsqd reads digits only: a sign does not parse
+        (b"-1", "E_INVALID RDY could not parse count -1"),
+    ],
+)
+async def test_rdy_out_of_range_is_fatal(youzan: Cluster, count: bytes, expected: str) -> None:
     client = await _consumer(youzan, 1, "ptest", "r", 0, rdy=1)
-    text = await client.error(b"RDY %d\n" % count)
-    assert text == f"E_INVALID RDY count {count} out of range 0-2500"
+    assert await client.error(b"RDY %s\n" % count) == expected
     assert await client.closed()

@@ -39,6 +39,8 @@ def _error(answer: httpx.Response) -> tuple[int, str]:
 def _done(answer: httpx.Response) -> None:
     assert (answer.status_code, answer.content) == (200, b""), answer.text
     assert answer.headers[V1_CONTENT[0]] == V1_CONTENT[1]
+    # an empty answer: no Content-Type at all (Go's net/http sniffs one only from a body)
+    assert "content-type" not in answer.headers
 
 
 async def _lookup(cluster: Cluster, topic: str, access: str = "w") -> httpx.Response:

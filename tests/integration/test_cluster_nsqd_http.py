@@ -61,6 +61,14 @@ def _v1_error(message: str) -> bytes:
     return b'{"message":"%s"}' % message.encode()
 
 
+def _assert_empty_v1_answer(answer: httpx.Response) -> None:
+    """nsqd's empty 200 answers (RespondV1 with no data) set no Content-Type, and Go's
+    net/http only sniffs one from a body: the header is absent."""
+    assert answer.headers["x-nsq-content-type"] == "nsq; version=1.0"
+    assert "content-type" not in answer.headers
+    assert answer.headers["content-length"] == "0"
+
+
 def _legacy_error(message: str) -> bytes:
     return b'{"status_code":500,"status_txt":"%s","data":null}' % message.encode()
 
@@ -519,6 +527,8 @@ async def test_channel_create_errors(youzan: Cluster) -> None:
         answer = await _post(youzan, 1, target, b"", v1=False)
         body = _v1_error(message) if message else b""
         assert _answer(answer) == (status, body), target
+        if not message:
+            _assert_empty_v1_answer(answer)
     assert "c" in youzan.topics["ptest"].partitions[0].log.channels
     assert "c" not in youzan.topics["ptest"].partitions[1].log.channels
 
@@ -573,8 +583,10 @@ async def test_classic_errors(classic: Cluster) -> None:
 async def test_classic_topic_and_channel_create(classic: Cluster) -> None:
     answer = await _post(classic, 0, "/channel/create?topic=t&channel=c", b"")
     assert _answer(answer) == (404, _v1_error("TOPIC_NOT_FOUND"))
-    assert _answer(await _post(classic, 0, "/topic/create?topic=t", b"")) == (200, b"")
-    assert _answer(await _post(classic, 0, "/channel/create?topic=t&channel=c", b"")) == (200, b"")
+    for target in ("/topic/create?topic=t", "/channel/create?topic=t&channel=c"):
+        answer = await _post(classic, 0, target, b"")
+        assert _answer(answer) == (200, b"")
+        _assert_empty_v1_answer(answer)
     cases = {
         "/topic/create": "MISSING_ARG_TOPIC",
         "/topic/create?topic=bad!": "INVALID_TOPIC",

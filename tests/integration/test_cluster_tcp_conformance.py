@@ -419,3 +419,110 @@ async def test_error_frame_type(youzan: Cluster) -> None:
     frame = await client.request(c.pub("ptest", b"x", 0))
     assert frame.type == FRAME_TYPE_ERROR
     await client.close()
+
+
+# --------------------------------------------------------------------------- answers once wrong
+# Each of these answered differently from the real servers once (issue 12); the table of
+# every check is test_cluster_tcp_error_paths.py.
+
+
+def _with_body(line: bytes, body: bytes) -> bytes:
+    return line + len(body).to_bytes(4, "big") + body
+
+
+async def test_bad_protocol_magic_is_a_bare_error_then_close(youzan: Cluster) -> None:
+    client = await RawClient.connect(youzan.nsqd_addresses[NSQD2], magic=False)
+    client.send(b"  V1" + c.nop())
+    assert await client.frame() == Frame(FRAME_TYPE_ERROR, b"E_BAD_PROTOCOL")  # no description
+    assert await client.closed()
+
+
+async def test_auth_without_auth_configured_is_auth_disabled(youzan: Cluster) -> None:
+    identified = await _client(youzan, NSQD2)
+    bare = await RawClient.connect(youzan.nsqd_addresses[NSQD2])  # AUTH needs no IDENTIFY
+    for client in (identified, bare):
+        assert await client.error(c.auth("secret")) == "E_AUTH_DISABLED AUTH Disabled"
+        assert await client.closed()
+
+
+async def test_a_second_identify_is_answered_like_the_first(youzan: Cluster) -> None:
+    client = await _client(youzan, NSQD2)
+    frame = await client.request(
+        c.identify({"client_id": "again", "feature_negotiation": True, "msg_timeout": 5000})
+    )
+    assert frame.type == FRAME_TYPE_RESPONSE
+    assert json.loads(frame.data)["msg_timeout"] == 5000
+    assert await client.request(c.identify({"client_id": "third"})) == OK_FRAME
+    await client.ok(c.pub("ptest", b"still open", 0))
+    await client.close()
+
+
+@pytest.mark.parametrize("command", [b"PUB", b"MPUB", b"PUB_TRACE", b"PUB_EXT", b"MPUB_EXT"])
+async def test_publishing_to_an_invalid_topic_name_is_topic_not_exist(
+    youzan: Cluster, command: bytes
+) -> None:
+    client = await _client(youzan, NSQD2)
+    body = c.pub_trace("t", b"x", 1)[-9:] if command == b"PUB_TRACE" else b"\x00\x02{}x"
+    if command.startswith(b"MPUB"):
+        body = (1).to_bytes(4, "big") + len(body).to_bytes(4, "big") + body
+    assert await client.error(_with_body(command + b" bad!topic 0\n", body)) == (
+        "E_TOPIC_NOT_EXIST "
+    )
+    assert await client.closed()
+
+
+async def test_partition_minus_one_is_the_partition_the_node_leads(youzan: Cluster) -> None:
+    leader = await _client(youzan, NSQD2)  # leads ptest-0
+    await leader.ok(_with_body(b"PUB ptest -1\n", b"minus one"))
+    mpub = c.mpub("ptest", [b"m1", b"m2"], 0).replace(b"MPUB ptest 0\n", b"MPUB ptest -1\n")
+    await leader.ok(mpub)
+    assert [r.body for r in youzan.messages("ptest", 0)] == [b"minus one", b"m1", b"m2"]
+    await leader.close()
+    replica = await _client(youzan, NSQD3)  # leads no partition of ptest
+    assert await replica.error(_with_body(b"PUB ptest -1\n", b"x")) == "E_TOPIC_NOT_EXIST "
+    assert await replica.closed()
+
+
+async def test_publishing_without_partition_to_a_replica_only_node() -> None:
+    async with Cluster(nodes=2) as cluster:
+        await cluster.create_topic("p", 1, 2, channels=["c"], placement={0: [0, 1]})
+        await cluster.create_topic("o", 1, 2, ordered=True, channels=["c"], placement={0: [0, 1]})
+        for command in (
+            c.pub("p", b"x"),
+            c.mpub("p", [b"x"]),
+            c.pub_trace("p", b"x", 1),
+            c.pub("o", b"x"),  # ordered: the partition is looked up before it is required
+        ):
+            replica = await _client(cluster, 1)
+            assert await replica.error(command) == "E_TOPIC_NOT_EXIST ", command
+            assert await replica.closed()
+        assert cluster.messages("p") == cluster.messages("o") == []
+
+
+async def test_pub_ext_with_an_empty_header_is_a_non_fatal_invalid_json_header(
+    youzan: Cluster,
+) -> None:
+    expected = (
+        "E_INVALID_JSON_HEADER fail to parse json header:cannot parse JSON: "
+        'cannot parse empty string; unparsed tail: ""'
+    )
+    for topic in (b"etest", b"ptest"):  # ext topic and plain topic alike
+        client = await _client(youzan, NSQD2)
+        text = await client.error(_with_body(b"PUB_EXT " + topic + b" 0\n", b"\x00\x00payload"))
+        assert text == expected
+        await client.ok(c.pub(topic.decode(), b"still open", 0))
+        await client.close()
+    assert [r.body for r in youzan.messages("etest", 0)] == [b"still open"]
+
+
+async def test_sub_ordered_without_partition_takes_the_led_partition(youzan: Cluster) -> None:
+    consumer = await _client(youzan, NSQD1)  # leads otest-1 (and is a replica of otest-0)
+    assert await consumer.request(b"SUB_ORDERED otest chnopart\n") == OK_FRAME
+    consumer.send(c.rdy(1))
+    producer = await _client(youzan, NSQD1)
+    await producer.ok(c.pub("otest", b"ordered, no partition given", 1))
+    message = await consumer.message(MessageLayout.youzan(detail=True))
+    assert message.body == b"ordered, no partition given"
+    assert youzan.subscriber_rdy("otest", "chnopart", 1) == [1]
+    await producer.close()
+    await consumer.close()

@@ -271,8 +271,32 @@ async def test_cls_and_unsolicited_errors(single: Cluster) -> None:
     conn.unsolicited_command = "FIN"
     conn.on_message = lambda connection, message: None
     assert await conn.request(c.sub("t", "c", 0), "SUB") == OK
-    conn.send(c.fin(bytes(16)))  # not in flight: E_FIN_FAILED, non-fatal, answers nothing
+    # not in flight: E_FIN_FAILED, non-fatal (an internal id of 0 would be a fatal E_INVALID)
+    conn.send(c.fin(bytes(7) + b"\x01" + bytes(8)))
     assert await conn.request(c.cls(), "CLS") == CLOSE_WAIT
     assert [err.code for err in errors] == ["E_FIN_FAILED"]
     assert conn.is_open
     await conn.close()
+
+
+async def test_a_refused_protocol_magic_is_a_clear_typed_error() -> None:
+    """What nsqd does with a magic it does not know: the bare frame E_BAD_PROTOCOL, then
+    close. A peer that answers so is not an nsqd speaking protocol V2 on that port."""
+
+    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readexactly(4)
+        writer.write(b"\x00\x00\x00\x12\x00\x00\x00\x01E_BAD_PROTOCOL")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(refuse, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(e.BadProtocolError) as caught:
+            await _open(f"127.0.0.1:{port}")
+        assert caught.value.fatal
+        assert not caught.value.retriable
+        assert "is this the nsqd TCP address?" in str(caught.value)
+    finally:
+        server.close()
+        await server.wait_closed()

@@ -351,6 +351,20 @@ def _assert_handled_as_delivered(
     assert all(calls[key] <= deliveries[key] for key in calls)
 
 
+def _assert_at_least_once(cluster: Cluster, topic: str, total: int) -> None:
+    """What a leader change guarantees, no more: every published body was stored (a publish
+    retried after a lost answer may be stored twice: at-least-once) and every stored message
+    was finished (the new leader resumes from the consume offset the old one had synced to
+    it, so a message finished just before the change may be delivered and finished again)."""
+    partitions = cluster.topology(topic)
+    stored = {
+        (pid, r.internal_id): r.body for pid in partitions for r in cluster.messages(topic, pid)
+    }
+    assert set(stored.values()) == {str(i).encode() for i in range(total)}
+    assert set(cluster.channel_record(topic, "c").finished) == set(stored)
+    assert cluster.unfinished(topic, "c") == 0
+
+
 async def test_no_loss_no_duplicate_handling_across_move_leader(cluster: Cluster) -> None:
     async def fault() -> None:
         for partition in range(4):
@@ -358,7 +372,7 @@ async def test_no_loss_no_duplicate_handling_across_move_leader(cluster: Cluster
             await cluster.move_leader("events", partition, to_node=(leader + 1) % 3)  # type: ignore[operator]
 
     calls = await _consume_through(cluster, 600, fault)
-    _assert_each_finished_once(cluster, "events", 600)
+    _assert_at_least_once(cluster, "events", 600)
     # a message is handled again only when nsqd delivered it again (unfinished at the move)
     _assert_handled_as_delivered(cluster, "events", calls)
 
@@ -368,7 +382,7 @@ async def test_no_loss_no_duplicate_handling_across_stop_node(cluster: Cluster) 
         await cluster.stop_node(1)
 
     calls = await _consume_through(cluster, 600, fault)
-    _assert_each_finished_once(cluster, "events", 600)
+    _assert_at_least_once(cluster, "events", 600)
     _assert_handled_as_delivered(cluster, "events", calls)
 
 

@@ -56,8 +56,10 @@ class Clusters(NamedTuple):
 async def clusters() -> AsyncIterator[Clusters]:
     async with Cluster(nodes=3) as youzan, Cluster(classic=True) as classic:
         await youzan.create_topic("orders", 4, 2, channels=["billing"])
-        await youzan.create_topic("payments", 4, 2, ordered=True, channels=["ledger", "audit"])
-        await youzan.create_topic("audit", 1, 1, ext=True, channels=["archive"])
+        await youzan.create_topic(
+            "payments", 4, 2, ordered=True, channels=["ledger", "audit", "tracing-demo"]
+        )
+        await youzan.create_topic("audit", 1, 1, ext=True, channels=["archive", "otel-demo"])
         yield Clusters(youzan, classic)
 
 

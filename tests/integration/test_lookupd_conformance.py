@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from smartnsq.protocol import commands as c
+from smartnsq.protocol.message import MessageLayout
 from smartnsq.testing import Cluster
 from tests.integration.conftest import create_capture_topics
 from tests.integration.rawclient import RawClient
@@ -54,6 +55,21 @@ async def _nsqd_channel(cluster: Cluster, node: int, topic: str, partition: int,
     assert answer.status_code == 200, answer.text
 
 
+async def _consume_one(cluster: Cluster, node: int, topic: str, partition: int, name: str) -> None:
+    """Publish one message to the partition's leader and finish it on channel ``name``."""
+    address = cluster.nsqd_addresses[node]
+    producer = await RawClient.identified(address)
+    consumer = await RawClient.identified(address)
+    await consumer.ok(c.sub(topic, name, partition))
+    await producer.ok(c.pub(topic, b"consumed before the change", partition))
+    consumer.send(c.rdy(1))
+    message = await consumer.message(MessageLayout.youzan())
+    consumer.send(c.fin(message.id))
+    await cluster.wait_for(lambda: cluster.unfinished(topic, name) == 0)
+    await producer.close()
+    await consumer.close()
+
+
 async def _leader_change(cluster: Cluster, name: str) -> None:
     """Replay a leader_change_* timeline up to the moment the answer was recorded.
 
@@ -75,6 +91,9 @@ async def _leader_change(cluster: Cluster, name: str) -> None:
     elif (topic, signal) == ("r3test", "SIGKILL"):
         await cluster.move_leader("r3test", 0, to_node=1)
         await _nsqd_channel(cluster, 1, "r3test", 0, "chlc")
+        # That run's consumer had finished messages on chlc: its offset (and so the channel)
+        # had reached the replicas, and the new leader lists it.
+        await _consume_one(cluster, 1, "r3test", 0, "chlc")
         if moment == "before":
             return
         await cluster.stop_node(1)  # 3 replicas, two left: writable again at once

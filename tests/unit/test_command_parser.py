@@ -147,8 +147,9 @@ def test_take_fins_leaves_malformed_and_partial_fins() -> None:
     parser.feed(c.MAGIC_V2 + c.nop() + c.fin(NASTY_ID) + b"FIN not-16-bytes-long\n")
     assert parser.next_command() == ClientCommand(b"NOP")
     assert parser.take_fins() == [NASTY_ID]
-    assert parser.take_fins() == []  # malformed: left for next_command to report
-    assert parser.next_command() == ClientCommand(b"FIN", (b"not-16-bytes-long",))
+    assert parser.take_fins() == []  # malformed: left for next_command
+    # youzan nsqd takes bytes 4..20 as the id, whatever they are
+    assert parser.next_command() == ClientCommand(b"FIN", (b"not-16-bytes-lon",))
     parser.feed(c.fin(NASTY_ID)[:10])
     assert parser.take_fins() == []  # incomplete
     parser.feed(c.fin(NASTY_ID)[10:])
@@ -176,9 +177,12 @@ def test_take_fins_after_a_broken_stream() -> None:
     ),
     cuts=st.lists(st.integers(0, 3000), max_size=20),
 )
-def test_take_fins_parses_like_next_command(ops: list[bytes], cuts: list[int]) -> None:
+@pytest.mark.parametrize("fixed_ids", [True, False])
+def test_take_fins_parses_like_next_command(
+    fixed_ids: bool, ops: list[bytes], cuts: list[int]
+) -> None:
     stream = c.MAGIC_V2 + b"".join(ops)
-    fast, slow = CommandParser(), CommandParser()
+    fast, slow = CommandParser(fixed_ids=fixed_ids), CommandParser(fixed_ids=fixed_ids)
     got: list[ClientCommand] = []
     last = 0
     for point in [*sorted({x % (len(stream) + 1) for x in cuts}), len(stream)]:
@@ -190,3 +194,71 @@ def test_take_fins_parses_like_next_command(ops: list[bytes], cuts: list[int]) -
     while (cmd := slow.next_command()) is not None:
         expected.append(cmd)
     assert got == expected
+
+
+# --------------------------------------------------------------------------- youzan vs classic
+
+
+def test_youzan_reads_fixed_offsets_whatever_the_bytes() -> None:
+    """youzan nsqd's IOLoop: FIN/REQ lines run to the first newline at or after byte 20, the
+    id is bytes 4..20 and REQ's timeout bytes 21..newline (a \\r stays); TOUCH lines are 23
+    bytes unless their first newline comes later."""
+    stream = c.MAGIC_V2 + b"FIN abc\n0123456789\nNOP\n"
+    assert _parse_all(stream) == [ClientCommand(b"FIN", (b"abc\n0123456789\nN",))]
+    assert _parse_all(c.MAGIC_V2 + b"FIN" + NASTY_ID + b"x\n") == [
+        ClientCommand(b"FIN", (NASTY_ID[1:] + b"x",))
+    ]
+    assert _parse_all(c.MAGIC_V2 + b"REQ " + NASTY_ID + b" 100\r\n") == [
+        ClientCommand(b"REQ", (NASTY_ID, b"100\r"))
+    ]
+    assert _parse_all(c.MAGIC_V2 + b"REQ " + NASTY_ID + b"\n") == [
+        ClientCommand(b"REQ", (NASTY_ID,))
+    ]
+    short_touch = b"TOUCH x\n" + bytes(15) + c.nop()
+    assert _parse_all(c.MAGIC_V2 + short_touch) == [
+        ClientCommand(b"TOUCH", (b"x\n" + bytes(14),)),
+        ClientCommand(b"NOP"),
+    ]
+    long_touch = b"TOUCH " + NASTY_ID.replace(b"\n", b"-") + b" extra\n" + c.nop()
+    assert _parse_all(c.MAGIC_V2 + long_touch) == [
+        ClientCommand(b"TOUCH", (NASTY_ID.replace(b"\n", b"-"),)),
+        ClientCommand(b"NOP"),
+    ]
+    parser = CommandParser()
+    parser.feed(c.MAGIC_V2 + b"FIN short\n")
+    assert parser.next_command() is None  # nsqd waits for more bytes too
+
+
+def test_classic_splits_fin_req_touch_lines() -> None:
+    stream = c.MAGIC_V2 + b"FIN abc\nREQ 0123456789abcdef 5\r\nTOUCH x y\n"
+    assert _parse_all(stream, fixed_ids=False) == [
+        ClientCommand(b"FIN", (b"abc",)),
+        ClientCommand(b"REQ", (b"0123456789abcdef", b"5")),
+        ClientCommand(b"TOUCH", (b"x", b"y")),
+    ]
+
+
+def test_classic_fin_runs_leave_ids_that_split() -> None:
+    spaced = b"0123456 89abcdef"
+    parser = CommandParser(fixed_ids=False)
+    parser.feed(c.MAGIC_V2 + c.fin(b"0123456789abcdef") + c.fin(spaced))
+    assert parser.next_command() == ClientCommand(b"FIN", (b"0123456789abcdef",))
+    assert parser.take_fins() == []  # split at its space by classic nsqd
+    assert parser.next_command() == ClientCommand(b"FIN", (b"0123456", b"89abcdef"))
+
+
+def test_split_mpub_texts_and_the_messages_read_before_an_error() -> None:
+    body = struct.pack(">iib", 2, 1, 0x61) + struct.pack(">i", 0)
+    with pytest.raises(MpubFormatError, match=r"MPUB invalid message\(1\) body size 0") as caught:
+        split_mpub(body, 1024)
+    assert caught.value.elements == [b"a"]
+    cases = {
+        b"\x00\x00": "MPUB failed to read message count",
+        struct.pack(">i", 0): "MPUB invalid message count 0",
+        struct.pack(">ii", 1, 2000) + bytes(2000): "MPUB message too big 2000 > 1024",
+        struct.pack(">ii", 2, 1) + b"a" + b"\x00": r"MPUB failed to read message\(1\) body size",
+        struct.pack(">ii", 1, 5) + b"ab": "MPUB failed to read message body",
+    }
+    for data, text in cases.items():
+        with pytest.raises(MpubFormatError, match=text):
+            split_mpub(data, 1024)

@@ -29,9 +29,22 @@ def test_requeue_delays_are_stored_as_float_seconds() -> None:
 
 @pytest.mark.parametrize("value", [-1, 1.0, True, None])
 def test_bad_max_in_flight_raises_at_construction_and_when_changed(value: object) -> None:
-    with pytest.raises(ValidationError, match="max_in_flight"):
-        Consumer("t", "c", nsqd=NSQD, max_in_flight=value)  # type: ignore[arg-type]
+    if value is not None:  # None is the default: one per subscription
+        with pytest.raises(ValidationError, match="max_in_flight"):
+            Consumer("t", "c", nsqd=NSQD, max_in_flight=value)  # type: ignore[arg-type]
     consumer = Consumer("t", "c", nsqd=NSQD, max_in_flight=3)
     with pytest.raises(ValidationError, match="max_in_flight"):
         consumer.set_max_in_flight(value)  # type: ignore[arg-type]
     assert consumer.max_in_flight == 3
+
+
+def test_defaults_follow_the_mode() -> None:
+    """Ordered consumers retry a failed message soon (it holds its partition meanwhile)
+    and skip replays; max_in_flight follows the subscriptions until it is set."""
+    plain = Consumer("t", "c", lookupd=["127.0.0.1:4161"])
+    ordered = Consumer("t", "c", lookupd=["127.0.0.1:4161"], ordered=True)
+    assert (plain.requeue_delay, ordered.requeue_delay) == (90.0, 0.1)
+    assert (plain.skip_replays, ordered.skip_replays) == (False, True)
+    assert plain.max_in_flight == 1  # one per subscription: none yet
+    plain.set_max_in_flight(7)
+    assert plain.max_in_flight == 7

@@ -39,8 +39,10 @@ TABLE: dict[str, tuple[type[e.ServerError], bool, bool, bool, bool]] = {
     "E_AUTH_FAILED": (e.AuthFailedError, True, True, False, False),
     "E_UNAUTHORIZED": (e.UnauthorizedError, True, True, False, False),
     "E_AUTH_DISABLED": (e.AuthDisabledError, True, True, False, False),
-    "E_CREATE_TOPIC_FAILED": (e.CreateTopicFailedError, True, True, False, False),
+    # nsqd answers it with a non-fatal ClientErr (protocol_v2.go internalCreateTopic)
+    "E_CREATE_TOPIC_FAILED": (e.CreateTopicFailedError, False, False, False, False),
     "E_BAD_EXT": (e.BadExtError, True, True, False, False),
+    "E_BAD_PROTOCOL": (e.BadProtocolError, True, True, False, False),
     "E_DPUB_FAILED": (e.DPubFailedError, True, True, True, False),
 }
 
@@ -81,6 +83,28 @@ def test_garbage_never_crashes() -> None:
     for payload in (b"", b" ", b"\xff\xfe", b"\n"):
         err = error_from_frame(payload, None)
         assert isinstance(err, e.ServerError)
+
+
+def test_bad_protocol_magic_is_typed_and_says_what_to_check() -> None:
+    # nsqd's frame after a bad magic is the bare code: no description, no space
+    err = error_from_frame(b"E_BAD_PROTOCOL", "IDENTIFY", "127.0.0.1:4151")
+    assert type(err) is e.BadProtocolError
+    assert (err.code, err.message, err.fatal, err.retriable) == (
+        "E_BAD_PROTOCOL",
+        "E_BAD_PROTOCOL",
+        True,
+        False,
+    )
+    assert "nsqd TCP address" in str(err)
+    assert "127.0.0.1:4151" in str(err)
+
+
+def test_auth_disabled_is_typed_and_fatal() -> None:
+    err = error_from_frame(b"E_AUTH_DISABLED AUTH Disabled", "AUTH")
+    assert type(err) is e.AuthDisabledError
+    assert isinstance(err, e.AuthError)
+    assert err.fatal
+    assert not err.retriable
 
 
 def test_too_many_connections() -> None:

@@ -1,0 +1,456 @@
+"""Topic and channel administration: :class:`Admin`.
+
+youzan HA: topics are created by the nsqlookupd *leader* (``POST /topic/create``), which places
+the partitions and their replicas on nsqd nodes. A channel is durable only when it is
+*registered* there (``POST /channel/create``), which youzan allows only on topics created with
+``disable_channel_auto_create=true``: a registered channel exists on every replica of every
+partition, so it survives a leader failover. A channel that a consumer's SUB (or nsqd's own
+``/channel/create``) creates instead starts at the topic's end, on the partition leader only:
+after a crash of that leader the new leader has no such channel, and the messages published
+until a consumer subscribes again are never delivered to it.
+
+Classic nsqd: every nsqd creates topics and channels itself (``POST /topic/create``,
+``/channel/create`` and ``/topic/delete`` on each nsqd, found through nsqlookupd ``/nodes`` or
+given with ``nsqd_http=[...]``).
+
+Requests that only the lookupd leader serves are sent to the configured lookupds first (with a
+single lookupd, the usual case, that is the leader), then to the leader ``/listlookup`` names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from types import TracebackType
+
+import httpx
+
+from smartnsq.errors import (
+    AdminError,
+    NSQTimeoutError,
+    ProtocolError,
+    UnsupportedFeatureError,
+    ValidationError,
+)
+from smartnsq.protocol.lookupd import (
+    ACCEPT_V1,
+    LookupdHTTPError,
+    TopicLayout,
+    TopicMeta,
+    parse_listlookup,
+    parse_lookup,
+    parse_node,
+    unwrap_response,
+)
+from smartnsq.protocol.validation import check_channel, check_topic
+from smartnsq.transport.lookup import normalize_seed
+
+__all__ = ["MAX_PARTITIONS", "MAX_REPLICAS", "Admin"]
+
+MAX_PARTITIONS = 254  # nsqlookupd refuses 255 and more ("max partition allowed exceed")
+MAX_REPLICAS = 5
+_NOT_LEADER = ("E_FAILED_ON_NOT_LEADER", "Not nsqlookup leader")
+_ALREADY_REGISTERED = "already registered"
+_AUTO_CREATE_ALLOWED = "channel auto create NOT disabled"
+_POLL = 0.1  # seconds between readiness checks of a created topic
+
+
+class Admin:
+    """Creates and deletes topics and channels.
+
+    Give ``lookupd`` (nsqlookupd HTTP addresses; youzan or classic) or ``nsqd_http`` (classic
+    nsqd HTTP addresses, ``host:port``). ``timeout`` bounds each HTTP request. Use it as an
+    async context manager, or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        lookupd: Sequence[str] | None = None,
+        *,
+        nsqd_http: Sequence[str] | None = None,
+        timeout: float = 10.0,
+    ) -> None:
+        if (lookupd is None) == (nsqd_http is None):
+            raise ValidationError("lookupd", "give exactly one of lookupd=[...] or nsqd_http=[...]")
+        if isinstance(lookupd, str) or isinstance(nsqd_http, str):
+            raise ValidationError("lookupd", "lookupd and nsqd_http take lists of addresses")
+        addresses = list(lookupd if lookupd is not None else nsqd_http or ())
+        if not addresses:
+            raise ValidationError("lookupd" if lookupd is not None else "nsqd_http", "is empty")
+        # nsqd HTTP addresses have the same shape as lookupd ones (host:port or a URL).
+        bases = list(dict.fromkeys(normalize_seed(address)[1] for address in addresses))
+        self._lookupds = bases if lookupd is not None else []
+        self._nsqds = bases if nsqd_http is not None else []
+        if type(timeout) not in (int, float) or not timeout > 0:
+            raise ValidationError("timeout", "must be a number of seconds > 0")
+        self._timeout = float(timeout)
+        self._client: httpx.AsyncClient | None = None
+        self._youzan: bool | None = False if nsqd_http is not None else None
+        self._closed = False
+
+    async def __aenter__(self) -> Admin:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    # ------------------------------------------------------------------ public API
+
+    async def is_youzan(self) -> bool:
+        """Whether the cluster is a youzan HA cluster (its nsqlookupd has HA support)."""
+        if self._youzan is None:
+            info = await self._get_any(self._lookupds, "/info", {})
+            self._youzan = isinstance(info, dict) and bool(info.get("ha_support"))
+        return self._youzan
+
+    async def create_topic(
+        self,
+        topic: str,
+        partitions: int = 1,
+        replicas: int = 1,
+        *,
+        ordered: bool = False,
+        ext: bool = False,
+        channels: Sequence[str] = (),
+        disable_channel_auto_create: bool | None = None,
+        wait: float | None = 30.0,
+    ) -> None:
+        """Create ``topic`` and register ``channels`` on it.
+
+        youzan: ``partitions`` x ``replicas`` placed by the nsqlookupd leader; ``ordered``
+        (orderedmulti) and ``ext`` (JSON ext headers) topics. ``channels`` are registered
+        durably, which needs ``disable_channel_auto_create`` (True by default when channels
+        are given): consumers may then subscribe only to registered channels. ``wait``
+        (seconds, None: do not wait) waits until every partition has a leader and, with
+        channels, can take writes.
+
+        Creating a topic that exists with the same settings is not an error.
+
+        Classic nsqd: the topic and its channels are created on every nsqd; ``partitions``
+        and ``replicas`` must be 1, and ``ordered``/``ext`` are refused.
+        """
+        check_topic(topic)
+        names = _channel_names(channels)
+        _check_count("partitions", partitions, MAX_PARTITIONS)
+        _check_count("replicas", replicas, MAX_REPLICAS)
+        wait = _check_wait(wait)
+        if disable_channel_auto_create is None:
+            disable_channel_auto_create = bool(names)
+        elif names and not disable_channel_auto_create:
+            raise ValidationError(
+                "channels",
+                "registered (durable) channels need disable_channel_auto_create=True: youzan "
+                "registers channels only on topics whose channels SUB cannot create",
+            )
+        if not await self.is_youzan():
+            if partitions != 1 or replicas != 1 or ordered or ext:
+                raise UnsupportedFeatureError(
+                    "classic nsqd topics have no partitions, replicas, ordering or ext headers"
+                )
+            await self._classic_create(topic, names)
+            return
+        params = {"topic": topic, "partition_num": str(partitions), "replicator": str(replicas)}
+        for flag, wanted in (
+            ("orderedmulti", ordered),
+            ("extend", ext),
+            ("disable_channel_auto_create", disable_channel_auto_create),
+        ):
+            if wanted:
+                params[flag] = "true"
+        wanted_meta = TopicMeta(
+            partition_num=partitions,
+            replica=replicas,
+            extend_support=ext,
+            ordered=ordered,
+            disable_channel_auto_create=disable_channel_auto_create,
+        )
+        try:
+            await self._post_leader("/topic/create", params)
+        except AdminError as exc:
+            existing = await self._existing_meta(topic)
+            if existing is None:
+                raise
+            if _differs(existing, wanted_meta):
+                raise AdminError(
+                    f"topic {topic!r} exists with other settings ({_describe(existing)}); "
+                    f"asked for {_describe(wanted_meta)}",
+                    status=exc.status,
+                    url=exc.url,
+                ) from exc
+        for name in names:
+            await self._register_channel(topic, name)
+        if wait is not None:
+            await self._wait_ready(topic, partitions, names, wait)
+
+    async def create_channel(self, topic: str, channel: str, *, wait: float | None = 30.0) -> None:
+        """Register ``channel`` on ``topic`` (youzan: a durable channel, on a topic created
+        with ``disable_channel_auto_create``; classic: created on every nsqd that has the
+        topic). Registering a channel twice is not an error. ``wait``: seconds to wait until
+        nsqlookupd lists the channel (None: do not wait)."""
+        check_topic(topic)
+        check_channel(channel)
+        wait = _check_wait(wait)
+        if not await self.is_youzan():
+            await self._classic_create(topic, [channel], create_topic=False)
+            return
+        await self._register_channel(topic, channel)
+        if wait is not None:
+            await self._wait_ready(topic, None, [channel], wait)
+
+    async def delete_topic(self, topic: str) -> None:
+        """Delete ``topic`` with every partition (youzan: through the lookupd leader; classic:
+        on every nsqd that has it) and all its messages."""
+        check_topic(topic)
+        if await self.is_youzan():
+            await self._post_leader("/topic/delete", {"topic": topic, "partition": "**"})
+            return
+        done = 0
+        for base in await self._classic_nsqds():
+            answer = await self._request("POST", base, "/topic/delete", {"topic": topic})
+            if isinstance(answer, LookupdHTTPError):
+                if answer.status == 404:
+                    continue  # this nsqd never had the topic
+                raise _refused(answer, base + "/topic/delete")
+            done += 1
+        if not done:
+            raise AdminError(f"no nsqd has topic {topic!r}")
+
+    # ------------------------------------------------------------------ youzan
+
+    async def _register_channel(self, topic: str, channel: str) -> None:
+        try:
+            await self._post_leader("/channel/create", {"topic": topic, "channel": channel})
+        except AdminError as exc:
+            if _ALREADY_REGISTERED in exc.message:
+                return
+            if _AUTO_CREATE_ALLOWED in exc.message:
+                raise AdminError(
+                    f"cannot register channel {channel!r}: topic {topic!r} lets SUB create its "
+                    "channels (created without disable_channel_auto_create), and youzan "
+                    "registers channels only on topics created with it. Recreate the topic "
+                    "with disable_channel_auto_create=True (smartnsq topic create ... "
+                    "--channel NAME) to get durable channels",
+                    status=exc.status,
+                    url=exc.url,
+                ) from exc
+            raise
+
+    async def _post_leader(self, path: str, params: dict[str, str]) -> None:
+        """POST to the nsqlookupd leader: the configured lookupds first, then the leader
+        named by ``/listlookup`` (non-leaders answer E_FAILED_ON_NOT_LEADER)."""
+        tried: list[str] = []
+        for base in await self._leader_candidates():
+            try:
+                answer = await self._request("POST", base, path, params)
+            except (httpx.HTTPError, ProtocolError, OSError) as exc:
+                tried.append(f"{base}: {type(exc).__name__}: {exc}")
+                continue
+            if isinstance(answer, LookupdHTTPError):
+                if any(text in answer.message for text in _NOT_LEADER):
+                    tried.append(f"{base}: not the leader")
+                    continue
+                raise _refused(answer, base + path)
+            return
+        raise AdminError(f"no nsqlookupd leader took {path}: " + "; ".join(tried))
+
+    async def _leader_candidates(self) -> list[str]:
+        candidates = list(self._lookupds)
+        for base in self._lookupds:
+            try:
+                payload = await self._request("GET", base, "/listlookup", {})
+            except (httpx.HTTPError, ProtocolError, OSError):
+                continue
+            if isinstance(payload, LookupdHTTPError):
+                continue
+            try:
+                leader, _ = parse_listlookup(payload)
+            except ProtocolError:
+                continue
+            if leader is not None:
+                candidates.append(f"http://{leader.http_address}")
+            break
+        return list(dict.fromkeys(candidates))
+
+    async def _layout(self, topic: str, access: str) -> TopicLayout | None:
+        """The topic's layout from the first lookupd that answers (None: not known)."""
+        params = {"topic": topic, "access": access, "metainfo": "true"}
+        answer = await self._get_any(self._lookupds, "/lookup", params, errors_ok=True)
+        if answer is None or isinstance(answer, LookupdHTTPError):
+            return None
+        return parse_lookup(topic, "w" if access == "w" else "r", answer)
+
+    async def _existing_meta(self, topic: str) -> TopicMeta | None:
+        layout = await self._layout(topic, "r")
+        if layout is None or layout.meta is None or not layout.meta.valid:
+            return None
+        return layout.meta
+
+    async def _wait_ready(
+        self, topic: str, partitions: int | None, channels: Sequence[str], timeout: float
+    ) -> None:
+        """Until every partition has a leader, lookupd lists the channels and, with
+        channels, the topic takes writes (a write lookup needs a channel)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        state = "no answer from nsqlookupd"
+        while True:
+            read = await self._layout(topic, "r")
+            write = await self._layout(topic, "w") if channels else None
+            if read is not None:
+                expected = partitions if partitions is not None else read.partition_num
+                missing = sorted(set(channels) - set(read.channels))
+                writable = len(write.partitions) if write is not None else 0
+                state = (
+                    f"{len(read.partitions)} of {expected} partitions have a leader"
+                    + (f", {writable} writable" if channels else "")
+                    + (f", channels {missing} not listed yet" if missing else "")
+                )
+                if (
+                    len(read.partitions) >= expected
+                    and not missing
+                    and (not channels or writable >= expected)
+                ):
+                    return
+            if loop.time() >= deadline:
+                raise NSQTimeoutError(f"topic {topic!r} is not ready after {timeout:g} s: {state}")
+            await asyncio.sleep(_POLL)
+
+    # ------------------------------------------------------------------ classic
+
+    async def _classic_nsqds(self) -> list[str]:
+        if self._nsqds:
+            return self._nsqds
+        payload = await self._get_any(self._lookupds, "/nodes", {})
+        producers = payload.get("producers") if isinstance(payload, dict) else None
+        if not isinstance(producers, list):
+            raise AdminError("nsqlookupd /nodes answered without a producers list")
+        nodes = [parse_node(peer, f"producers[{i}]") for i, peer in enumerate(producers)]
+        if not nodes:
+            raise AdminError("no nsqd is registered with nsqlookupd yet")
+        return [f"http://{node.http_address}" for node in nodes]
+
+    async def _classic_create(
+        self, topic: str, channels: Sequence[str], *, create_topic: bool = True
+    ) -> None:
+        created = 0
+        for base in await self._classic_nsqds():
+            if create_topic:
+                answer = await self._request("POST", base, "/topic/create", {"topic": topic})
+                if isinstance(answer, LookupdHTTPError):
+                    raise _refused(answer, base + "/topic/create")
+            skipped = False
+            for channel in channels:
+                params = {"topic": topic, "channel": channel}
+                answer = await self._request("POST", base, "/channel/create", params)
+                if isinstance(answer, LookupdHTTPError):
+                    if answer.status == 404 and not create_topic:
+                        skipped = True  # this nsqd does not have the topic
+                        break
+                    raise _refused(answer, base + "/channel/create")
+            created += not skipped
+        if not created:
+            raise AdminError(f"no nsqd has topic {topic!r}: create it first")
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._closed:
+            from smartnsq.errors import ClientClosedError
+
+            raise ClientClosedError("this Admin is closed; create a new one")
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self._timeout)
+        return self._client
+
+    async def _request(self, method: str, base: str, path: str, params: dict[str, str]) -> object:
+        response = await self._http().request(
+            method, base + path, params=params, headers={"Accept": ACCEPT_V1}
+        )
+        try:
+            return unwrap_response(response.status_code, response.headers, response.content)
+        except ProtocolError as exc:
+            raise ProtocolError(
+                f"{base}{path} answered HTTP {response.status_code} in a way no nsqlookupd or "
+                f"nsqd does ({exc}); is {base} an nsqlookupd (youzan or classic) HTTP address?"
+            ) from None
+
+    async def _get_any(
+        self, bases: Sequence[str], path: str, params: dict[str, str], *, errors_ok: bool = False
+    ) -> object:
+        """The first answer of ``bases`` to ``GET path`` (an error answer is returned with
+        ``errors_ok``, else raised); AdminError when none answers."""
+        failures: list[str] = []
+        for base in bases:
+            try:
+                answer = await self._request("GET", base, path, params)
+            except (httpx.HTTPError, OSError) as exc:
+                failures.append(f"{base}: {type(exc).__name__}: {exc}")
+                continue
+            if isinstance(answer, LookupdHTTPError) and not errors_ok:
+                raise _refused(answer, base + path)
+            return answer
+        raise AdminError(f"no nsqlookupd answered {path}: " + "; ".join(failures))
+
+
+def _refused(answer: LookupdHTTPError, url: str) -> AdminError:
+    return AdminError(answer.message, status=answer.status, url=url)
+
+
+def _channel_names(channels: Sequence[str]) -> list[str]:
+    if isinstance(channels, str):
+        raise ValidationError("channels", "takes a list of channel names, not a str")
+    return list(dict.fromkeys(check_channel(name) for name in channels))
+
+
+def _check_count(field: str, value: object, maximum: int) -> None:
+    if type(value) is not int or not 1 <= value <= maximum:
+        raise ValidationError(field, f"must be an int in 1..{maximum}, not {value!r}")
+
+
+def _check_wait(wait: float | None) -> float | None:
+    if wait is None:
+        return None
+    if type(wait) not in (int, float) or not wait >= 0:
+        raise ValidationError("wait", "must be None or a number of seconds >= 0")
+    return float(wait)
+
+
+def _differs(existing: TopicMeta, wanted: TopicMeta) -> bool:
+    return (
+        existing.partition_num,
+        existing.replica,
+        existing.ordered,
+        existing.extend_support,
+        existing.disable_channel_auto_create,
+    ) != (
+        wanted.partition_num,
+        wanted.replica,
+        wanted.ordered,
+        wanted.extend_support,
+        wanted.disable_channel_auto_create,
+    )
+
+
+def _describe(meta: TopicMeta) -> str:
+    flags = [
+        name
+        for name, on in (
+            ("ordered", meta.ordered),
+            ("ext", meta.extend_support),
+            ("disable_channel_auto_create", meta.disable_channel_auto_create),
+        )
+        if on
+    ]
+    shown = f"{meta.partition_num} partitions x {meta.replica} replicas"
+    return shown + (", " + ", ".join(flags) if flags else "")
