@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from testcontainers.core.wait_strategies import HttpWaitStrategy
     from testcontainers.core.waiting_utils import WaitStrategy
 
+    from smartnsq.admin import Admin
     from smartnsq.consumer import Consumer
     from smartnsq.producer import Producer
 
@@ -462,13 +463,12 @@ class ContainerCluster:
             topic, channel, lookupd=[self.lookupd_url], address_map=self.address_map, **options
         )
 
-    def admin(self, **options: Any) -> Any:
-        """A ``smartnsq.admin.Admin`` for this cluster (through nsqlookupd, address-mapped)."""
-        import importlib
+    def admin(self, **options: Any) -> Admin:
+        """A :class:`smartnsq.admin.Admin` for this cluster (through nsqlookupd, with the
+        cluster's address map)."""
+        from smartnsq.admin import Admin
 
-        # Looked up at run time: the admin API (issue 12) lands in its own module.
-        admin_module = importlib.import_module("smartnsq.admin")
-        return admin_module.Admin([self.lookupd_url], address_map=self.address_map, **options)
+        return Admin([self.lookupd_url], address_map=self.address_map, **options)
 
     async def create_topic(
         self,
@@ -484,9 +484,9 @@ class ContainerCluster:
         async with self.admin() as admin:
             await admin.create_topic(topic, partitions, replicas, channels=channels, **options)
 
-    async def create_channel(self, topic: str, channel: str) -> None:
+    async def create_channel(self, topic: str, channel: str, **options: Any) -> None:
         async with self.admin() as admin:
-            await admin.create_channel(topic, channel)
+            await admin.create_channel(topic, channel, **options)
 
     async def delete_topic(self, topic: str) -> None:
         async with self.admin() as admin:

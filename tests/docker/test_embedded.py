@@ -82,6 +82,13 @@ async def test_publish_and_consume_through_the_mapped_addresses(
     assert sorted(received) == sorted(bodies)
 
 
+async def test_create_topic_through_the_admin_api(embedded: EmbeddedContainerCluster) -> None:
+    await embedded.create_topic("later", 3, 1, channels=["c"])
+    async with embedded.producer() as producer:
+        result = await producer.publish("later", b"created in the container", partition=2)
+    assert result.address in embedded.nsqd_addresses
+
+
 def test_sync_facade_with_the_map(embedded: EmbeddedContainerCluster) -> None:
     with sync.Producer(lookupd=[embedded.lookupd_url], address_map=embedded.address_map) as p:
         assert p.publish("orders", b"blocking", partition=0).address in embedded.nsqd_addresses

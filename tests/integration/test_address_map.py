@@ -8,10 +8,12 @@ import asyncio
 import sys
 from collections.abc import AsyncIterator
 
+import httpx
 import pytest
 
 import smartnsq
 from smartnsq import sync
+from smartnsq.admin import Admin
 from smartnsq.errors import NSQError, PublishError, ValidationError
 from smartnsq.testing import Cluster
 from smartnsq.transport.lookup import LookupManager
@@ -237,3 +239,28 @@ async def test_fixed_ports_host_and_broadcast_address() -> None:
 def test_cluster_address_arguments_are_checked(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(NSQError, match=message):
         Cluster(nodes=3, **kwargs)  # type: ignore[arg-type]
+
+
+async def test_admin_creates_topics_through_the_map(hidden: Cluster) -> None:
+    mapping = real_addresses(hidden, HIDDEN)
+    async with Admin([hidden.lookupd_url], address_map=mapping) as admin:
+        await admin.create_topic("audit", 1, 3, channels=["archive"], wait=10)
+    assert len(hidden.topology("audit")[0]["replicas"]) == 3
+    async with smartnsq.Producer(lookupd=[hidden.lookupd_url], address_map=mapping) as producer:
+        assert (await producer.publish("audit", b"a", partition=0)).partition == 0
+
+
+async def test_admin_classic_nodes_through_the_map() -> None:
+    async with Cluster(classic=True, broadcast_address=UNREACHABLE) as cluster:
+        # classic nsqd registers with nsqlookupd once it has a topic
+        cluster.classic_topic(cluster.nodes[0], "bootstrap")
+        async with Admin([cluster.lookupd_url], timeout=2) as admin:
+            # (Admin lets httpx's ConnectError through here rather than an NSQError)
+            with pytest.raises((NSQError, httpx.ConnectError)):
+                await admin.create_topic("events", channels=["c"], wait=None)
+        mapping = {
+            f"{UNREACHABLE}:{cluster.nodes[0].http_port}": cluster.nsqd_http_addresses[0],
+        }
+        async with Admin([cluster.lookupd_url], address_map=mapping) as admin:
+            await admin.create_topic("events", channels=["c"])
+        assert "c" in cluster.nodes[0].classic_topics["events"].channels
