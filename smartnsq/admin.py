@@ -15,6 +15,10 @@ given with ``nsqd_http=[...]``).
 
 Requests that only the lookupd leader serves are sent to the configured lookupds first (with a
 single lookupd, the usual case, that is the leader), then to the leader ``/listlookup`` names.
+
+``address_map`` (the clients' option, :class:`~smartnsq.routing.addresses.AddressMap`)
+translates the nsqd and nsqlookupd addresses nsqlookupd announces, for clusters in Docker or
+behind NAT.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from smartnsq.protocol.lookupd import (
     unwrap_response,
 )
 from smartnsq.protocol.validation import check_channel, check_topic
+from smartnsq.routing.addresses import AddressMap, AddressMapping
 from smartnsq.transport.httplog import quiet
 from smartnsq.transport.lookup import normalize_seed
 
@@ -71,7 +76,9 @@ class Admin:
         *,
         nsqd_http: Sequence[str] | None = None,
         timeout: float = 10.0,
+        address_map: AddressMapping | None = None,
     ) -> None:
+        self._address_map = AddressMap.of(address_map)
         if (lookupd is None) == (nsqd_http is None):
             raise ValidationError("lookupd", "give exactly one of lookupd=[...] or nsqd_http=[...]")
         if isinstance(lookupd, str) or isinstance(nsqd_http, str):
@@ -281,6 +288,7 @@ class Admin:
             except ProtocolError:
                 continue
             if leader is not None:
+                leader = self._address_map.lookupd(leader)
                 candidates.append(f"http://{leader.http_address}")
             break
         return list(dict.fromkeys(candidates))
@@ -291,7 +299,8 @@ class Admin:
         answer = await self._get_any(self._lookupds, "/lookup", params, errors_ok=True)
         if answer is None or isinstance(answer, LookupdHTTPError):
             return None
-        return parse_lookup(topic, "w" if access == "w" else "r", answer)
+        layout = parse_lookup(topic, "w" if access == "w" else "r", answer)
+        return self._address_map.layout(layout)
 
     async def _existing_meta(self, topic: str) -> TopicMeta | None:
         layout = await self._layout(topic, "r")
@@ -338,7 +347,10 @@ class Admin:
         producers = payload.get("producers") if isinstance(payload, dict) else None
         if not isinstance(producers, list):
             raise AdminError("nsqlookupd /nodes answered without a producers list")
-        nodes = [parse_node(peer, f"producers[{i}]") for i, peer in enumerate(producers)]
+        nodes = [
+            self._address_map.node(parse_node(peer, f"producers[{i}]"))
+            for i, peer in enumerate(producers)
+        ]
         if not nodes:
             raise AdminError("no nsqd is registered with nsqlookupd yet")
         return [f"http://{node.http_address}" for node in nodes]

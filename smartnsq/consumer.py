@@ -49,6 +49,7 @@ from smartnsq.protocol.message import MessageFrame, MessageLayout
 from smartnsq.protocol.responses import OK
 from smartnsq.protocol.validation import check_channel, check_partition, check_topic
 from smartnsq.retry import Backoff, is_retriable, needs_lookup_refresh
+from smartnsq.routing.addresses import AddressMapping
 from smartnsq.telemetry import Telemetry, server_attributes
 from smartnsq.tracelog import TRACE_LOGGER, log_consume
 from smartnsq.transport.connection import Compression, Connection, ConnectionConfig
@@ -193,6 +194,7 @@ class Consumer:
         tracer_provider: Any = None,
         meter_provider: Any = None,
         lookup_manager: LookupManager | None = None,
+        address_map: AddressMapping | None = None,
     ) -> None:
         self.topic = check_topic(topic)
         self.channel = check_channel(channel)
@@ -266,6 +268,7 @@ class Consumer:
             nsqd=nsqd,
             lookup_manager=lookup_manager,
             poll_interval=lookupd_poll_interval,
+            address_map=address_map,
         )
         # None: one message in flight per subscription (each partition, or each classic
         # nsqd, serves the handler one message at a time; ordered partitions do anyway)

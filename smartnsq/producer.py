@@ -46,6 +46,7 @@ from smartnsq.protocol.validation import (
     encode_ext,
 )
 from smartnsq.retry import Backoff, is_retriable, needs_lookup_refresh
+from smartnsq.routing.addresses import AddressMapping
 from smartnsq.routing.sharding import Sharder, ShardingStrategy
 from smartnsq.telemetry import Telemetry, error_type, server_attributes
 from smartnsq.tracelog import log_publish
@@ -208,6 +209,7 @@ class Producer:
         tracer_provider: Any = None,
         meter_provider: Any = None,
         lookup_manager: LookupManager | None = None,
+        address_map: AddressMapping | None = None,
     ) -> None:
         if not publish_timeout > 0:
             raise ValidationError("publish_timeout", "must be > 0 seconds")
@@ -235,6 +237,7 @@ class Producer:
             nsqd=nsqd,
             lookup_manager=lookup_manager,
             poll_interval=lookupd_poll_interval,
+            address_map=address_map,
         )
         self._pool = ConnectionPool(
             self.connection_config, connections_per_key=connections_per_partition

@@ -16,10 +16,12 @@ from smartnsq.admin import Admin
 from smartnsq.cli import UsageError
 from smartnsq.errors import ValidationError
 from smartnsq.protocol.validation import check_channel, check_topic
+from smartnsq.routing.addresses import AddressMap
 from smartnsq.transport.connection import parse_address
 from smartnsq.transport.lookup import LookupManager
 
 __all__ = [
+    "ENV_ADDRESS_MAP",
     "ENV_LOOKUPD",
     "ENV_NSQD",
     "Progress",
@@ -40,6 +42,7 @@ __all__ = [
 ]
 
 ENV_LOOKUPD = "SMARTNSQ_LOOKUPD"
+ENV_ADDRESS_MAP = "SMARTNSQ_ADDRESS_MAP"
 ENV_NSQD = "SMARTNSQ_NSQD"
 
 
@@ -49,6 +52,8 @@ class Target:
 
     lookupd: list[str] | None = None
     nsqd: list[str] | None = None
+    # announced nsqd/nsqlookupd "host:port" -> the "host:port" to connect to (lookupd only)
+    address_map: dict[str, str] | None = None
 
     @property
     def description(self) -> str:
@@ -76,6 +81,15 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
         action="append",
         metavar="HOST:PORT",
         help="nsqd TCP address (classic nsqd, without lookupd); repeatable",
+    )
+    group.add_argument(
+        "--address-map",
+        action="append",
+        metavar="FROM=TO",
+        help=(
+            "connect to TO (host:port) where nsqlookupd announces FROM (host:port), e.g. a "
+            f"node in Docker; repeatable; default: ${ENV_ADDRESS_MAP} (comma-separated)"
+        ),
     )
 
 
@@ -140,6 +154,7 @@ def resolve_target(args: argparse.Namespace) -> Target:
         if not env_lookupd and not env_nsqd:
             raise UsageError(f"give --lookupd URL or --nsqd HOST:PORT (or set ${ENV_LOOKUPD})")
         lookupd, nsqd = env_lookupd or None, env_nsqd or None
+    address_map = _address_map(args)
     if lookupd is not None:
         for address in lookupd:
             try:
@@ -147,7 +162,9 @@ def resolve_target(args: argparse.Namespace) -> Target:
                 LookupManager([address])
             except ValidationError as exc:
                 raise UsageError(f"invalid nsqlookupd address: {exc.reason}") from None
-        return Target(lookupd=list(lookupd))
+        return Target(lookupd=list(lookupd), address_map=address_map)
+    if address_map is not None:
+        raise UsageError("--address-map maps what nsqlookupd announces: it needs --lookupd")
     addresses = list(nsqd or ())
     for address in addresses:
         try:
@@ -155,6 +172,28 @@ def resolve_target(args: argparse.Namespace) -> Target:
         except ValidationError as exc:
             raise UsageError(f"invalid nsqd address: {exc.reason}") from None
     return Target(nsqd=addresses)
+
+
+def _address_map(args: argparse.Namespace) -> dict[str, str] | None:
+    """``--address-map FROM=TO`` (repeatable), else ``$SMARTNSQ_ADDRESS_MAP``, checked."""
+    given: list[str] | None = getattr(args, "address_map", None)
+    option = "--address-map"
+    if given is None:
+        given = _split(os.environ.get(ENV_ADDRESS_MAP, "")) or None
+        option = f"${ENV_ADDRESS_MAP}"
+    if given is None:
+        return None
+    mapping: dict[str, str] = {}
+    for item in given:
+        source, sep, target = item.partition("=")
+        if not sep:
+            raise UsageError(f"{option} {item!r}: expected FROM=TO (host:port=host:port)")
+        mapping[source.strip()] = target.strip()
+    try:
+        AddressMap(mapping)
+    except ValidationError as exc:
+        raise UsageError(f"{option}: {exc.reason}") from None
+    return mapping
 
 
 def topic_arg(topic: str) -> str:

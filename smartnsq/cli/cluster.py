@@ -1,9 +1,10 @@
 """``smartnsq cluster``: run the embedded NSQ cluster in the foreground.
 
-It starts the emulated nsqlookupd(s) and nsqd nodes on 127.0.0.1 with OS-chosen ports,
-creates the requested topics, prints where everything listens and, with ``--port-file``,
-writes the same as JSON for other processes (benchmarks, demos). It runs until Ctrl-C or
-SIGTERM, then shuts the cluster down and removes the port file.
+It starts the emulated nsqlookupd(s) and nsqd nodes (on 127.0.0.1 with OS-chosen ports unless
+``--host``, ``--lookupd-port`` or ``--nsqd-port`` say otherwise), creates the requested topics,
+prints where everything listens and, with ``--port-file``, writes the same as JSON for other
+processes (benchmarks, demos, containers). It runs until Ctrl-C or SIGTERM, then shuts the
+cluster down and removes the port file.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from smartnsq.cli import UsageError
 from smartnsq.errors import ValidationError
@@ -56,11 +58,13 @@ def _count(spec: str, what: str, text: str, low: int, high: int) -> int:
     return int(text)
 
 
-def parse_topic(spec: str) -> TopicSpec:
-    """Parse ``name[:partitions[:replicas[:flag,flag]]]`` (flags: ordered, ext, multipart)."""
+def parse_topic(spec: str, *, classic: bool = False) -> TopicSpec:
+    """Parse ``name:partitions:replicas[:flag,flag]`` (flags: ordered, ext, multipart); a
+    classic cluster's topics are a bare ``name`` (``name:1:1`` is accepted too)."""
     parts = spec.split(":")
-    if len(parts) > 4:
-        raise UsageError(f"--topic {spec!r}: expected NAME:PARTITIONS:REPLICAS[:FLAGS]")
+    if len(parts) > 4 or (not classic and len(parts) < 3):
+        expected = "NAME" if classic else "NAME:PARTITIONS:REPLICAS[:FLAGS], e.g. orders:4:2"
+        raise UsageError(f"--topic {spec!r}: expected {expected}")
     name = parts[0]
     try:
         check_topic(name)
@@ -114,7 +118,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="append",
         default=[],
         metavar="NAME:PARTITIONS:REPLICAS[:FLAGS]",
-        help="create a topic; FLAGS is a comma list of ordered, ext, multipart (repeatable)",
+        help=(
+            "create a topic; FLAGS is a comma list of ordered, ext, multipart; with --classic "
+            "just NAME (repeatable)"
+        ),
     )
     parser.add_argument(
         "--channel",
@@ -132,13 +139,49 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="seconds before a stopped leader's partitions fail over (default 0)",
     )
     parser.add_argument(
+        "--allow-write-with-nochannels",
+        action="store_true",
+        help="nsqlookupd's option: answer write lookups of topics that have no channel yet",
+    )
+    addresses = parser.add_argument_group("addresses")
+    addresses.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; 0.0.0.0: every interface)",
+    )
+    addresses.add_argument(
+        "--lookupd-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="HTTP port of nsqlookupd 0 (the next ones follow); default: chosen by the OS",
+    )
+    addresses.add_argument(
+        "--nsqd-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help=(
+            "TCP port of nsqd 0; nsqd i listens on PORT+2i (TCP) and PORT+2i+1 (HTTP); "
+            "default: right after the nsqlookupd ports with --lookupd-port, else chosen by the OS"
+        ),
+    )
+    addresses.add_argument(
+        "--broadcast-address",
+        metavar="HOST",
+        help=(
+            "the address nsqlookupd announces for the nodes (nsqd's --broadcast-address); "
+            "default: the address clients on this machine use"
+        ),
+    )
+    parser.add_argument(
         "--port-file", type=Path, metavar="PATH", help="write the addresses as JSON to PATH"
     )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    topics = [parse_topic(spec) for spec in args.topic]
+    topics = [parse_topic(spec, classic=args.classic) for spec in args.topic]
     channels = [parse_channel(spec) for spec in args.channel]
     _check_plan(args, topics, channels)
     restore_gc = tune_gc()
@@ -193,6 +236,12 @@ def _check_plan(
         raise UsageError(f"--failover-delay must be >= 0, got {args.failover_delay}")
     if args.classic and args.lookupds != 1:
         raise UsageError("a classic cluster has exactly one nsqlookupd (--lookupds 1)")
+    try:
+        # The cluster's own checks of the addresses, before anything listens.
+        _cluster(args)
+    except ValidationError as exc:
+        option = {"broadcast_address": "--broadcast-address", "lookupd_port": "--lookupd-port"}
+        raise UsageError(f"{option.get(exc.field, '--nsqd-port')}: {exc.reason}") from None
     names = [t.name for t in topics]
     if len(set(names)) != len(names):
         raise UsageError("--topic: the same topic is given twice")
@@ -216,8 +265,6 @@ def _check_plan(
 async def _serve(
     args: argparse.Namespace, topics: list[TopicSpec], channels: list[ChannelSpec]
 ) -> int:
-    from smartnsq.testing.cluster import Cluster
-
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     handled: list[signal.Signals] = []
@@ -227,17 +274,14 @@ async def _serve(
             handled.append(signum)
         except (NotImplementedError, RuntimeError):
             pass  # no signal handlers on this platform: Ctrl-C raises KeyboardInterrupt
-    # Nobody outside this process can read the delivery records: do not keep them.
-    cluster = Cluster(
-        args.nodes,
-        classic=args.classic,
-        lookupds=args.lookupds,
-        failover_delay=args.failover_delay,
-        record_deliveries=False,
-    )
+    cluster = _cluster(args)
     port_file: Path | None = args.port_file
     try:
-        await cluster.start()
+        try:
+            await cluster.start()
+        except OSError as exc:
+            # A fixed port in use, an address this machine does not have...
+            raise UsageError(f"cannot listen on {args.host}: {exc.strerror or exc}") from None
         _create(cluster, topics, channels)
         info = describe(cluster, os.getpid())
         if port_file is not None:
@@ -252,6 +296,24 @@ async def _serve(
             _remove(port_file)
     print("smartnsq cluster: stopped", flush=True)
     return 0
+
+
+def _cluster(args: argparse.Namespace) -> Cluster:
+    from smartnsq.testing.cluster import Cluster
+
+    # Nobody outside this process can read the delivery records: do not keep them.
+    return Cluster(
+        args.nodes,
+        classic=args.classic,
+        lookupds=args.lookupds,
+        failover_delay=args.failover_delay,
+        allow_write_with_no_channels=args.allow_write_with_nochannels,
+        record_deliveries=False,
+        host=args.host,
+        broadcast_address=args.broadcast_address,
+        lookupd_port=args.lookupd_port,
+        nsqd_port=args.nsqd_port,
+    )
 
 
 def _create(cluster: Cluster, topics: list[TopicSpec], channels: list[ChannelSpec]) -> None:
@@ -322,6 +384,7 @@ def describe(cluster: Cluster, pid: int) -> dict[str, Any]:
     return {
         "pid": pid,
         "mode": "classic" if cluster.classic else "youzan",
+        "broadcast_address": cluster.broadcast_address,
         "lookupd_http": cluster.lookupd_urls,
         "nsqd": nodes,
         "topics": topics,
@@ -336,6 +399,9 @@ def format_block(info: dict[str, Any]) -> str:
         f"{len(nodes)} nsqd, {len(info['lookupd_http'])} nsqlookupd"
     ]
     lines += [f"  lookupd   {url}" for url in info["lookupd_http"]]
+    announced = info["broadcast_address"]
+    if announced not in (urlsplit(url).hostname for url in info["lookupd_http"]):
+        lines.append(f"  nsqlookupd announces the nodes as {announced} (--broadcast-address)")
     lines += [f"  nsqd {n['node']:<4} tcp {n['tcp']:<21} http {n['http']}" for n in nodes]
     for name, topic in info["topics"].items():
         channels = ", ".join(topic["channels"]) or "none"

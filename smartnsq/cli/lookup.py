@@ -110,7 +110,9 @@ def run(args: argparse.Namespace) -> int:
     if target.lookupd is None:
         raise UsageError("lookup asks nsqlookupd: give --lookupd (or $SMARTNSQ_LOOKUPD)")
     setup_logging("lookup", args.verbose)
-    answers = asyncio.run(_lookup_all(target.lookupd, topic, args.access, args.verbose))
+    answers = asyncio.run(
+        _lookup_all(target.lookupd, topic, args.access, args.verbose, target.address_map)
+    )
     if args.json:
         document = {
             "topic": topic,
@@ -125,9 +127,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _lookup_all(
-    seeds: Sequence[str], topic: str, access: Access, verbose: int
+    seeds: Sequence[str],
+    topic: str,
+    access: Access,
+    verbose: int,
+    address_map: dict[str, str] | None = None,
 ) -> list[_Answer]:
-    async with LookupManager(seeds) as manager:
+    async with LookupManager(seeds, address_map=address_map) as manager:
         with muted_logs(verbose):
             await manager.discover()  # raises when no lookupd answers
         answers = await manager.lookup_each(topic, access)

@@ -212,6 +212,7 @@ class _Publisher:
         producer = Producer(
             lookupd=self.target.lookupd,
             nsqd=self.target.nsqd,
+            address_map=self.target.address_map,
             trace=args.trace,
             publish_timeout=args.timeout,
         )

@@ -169,7 +169,11 @@ class _Tail:
 
     async def main(self) -> int:
         args = self.args
-        lookup = LookupManager(self.target.lookupd) if self.target.lookupd else None
+        lookup = (
+            LookupManager(self.target.lookupd, address_map=self.target.address_map)
+            if self.target.lookupd
+            else None
+        )
         consumer: Consumer | None = None
         try:
             with muted_logs(args.verbose):

@@ -36,6 +36,7 @@ __all__ = [
     "Node",
     "TopicLayout",
     "TopicMeta",
+    "join_host_port",
     "merge_layouts",
     "parse_listlookup",
     "parse_lookup",
@@ -224,7 +225,8 @@ def _optional_str(obj: Mapping[str, object], key: str, where: str) -> str:
     return _as_str(value, f"{where}.{key}")
 
 
-def _join_host_port(host: str, port: int) -> str:
+def join_host_port(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 host in brackets."""
     if ":" in host and not host.startswith("["):
         return f"[{host}]:{port}"
     return f"{host}:{port}"
@@ -249,15 +251,19 @@ class Node:
     hostname: str = field(default="", compare=False)
     remote_address: str = field(default="", compare=False)
     distributed_id: str = field(default="", compare=False)
+    # Set when a client's address map moved the node (smartnsq.routing.addresses): the HTTP
+    # host when it differs from the TCP one, and the TCP address nsqlookupd announced.
+    http_host: str = field(default="", compare=False)
+    announced: str = field(default="", compare=False)
 
     @property
     def tcp_address(self) -> str:
         """``host:port`` for the TCP protocol (IPv6 hosts in brackets)."""
-        return _join_host_port(self.broadcast_address, self.tcp_port)
+        return join_host_port(self.broadcast_address, self.tcp_port)
 
     @property
     def http_address(self) -> str:
-        return _join_host_port(self.broadcast_address, self.http_port)
+        return join_host_port(self.http_host or self.broadcast_address, self.http_port)
 
     @property
     def is_youzan(self) -> bool:
@@ -526,7 +532,7 @@ class LookupdNode:
 
     @property
     def http_address(self) -> str:
-        return _join_host_port(self.node_ip, self.http_port)
+        return join_host_port(self.node_ip, self.http_port)
 
 
 def _string_port(value: object, name: str, *, required: bool) -> int:

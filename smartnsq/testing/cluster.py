@@ -42,12 +42,59 @@ class ClusterError(RuntimeError):
     """A fault-injection or topology request the emulated cluster cannot honour."""
 
 
+_LOOPBACK = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}
+_MAX_PORT = 65535
+
+
+def _check_broadcast(address: str | None, default: str) -> str:
+    """nsqd's rule: the address it registers must name a host (not empty, not a wildcard)."""
+    if address is None:
+        return default
+    if not isinstance(address, str) or not address or address in _LOOPBACK:
+        raise ValidationError("broadcast_address", f"must name a host, not {address!r}")
+    if any(c.isspace() for c in address) or "/" in address:
+        raise ValidationError("broadcast_address", f"must name a host, not {address!r}")
+    return address
+
+
+def _port_plan(lookupd_port: int, nsqd_port: int, lookupds: int, nodes: int) -> tuple[int, int]:
+    """(first lookupd HTTP port, first nsqd TCP port), 0 when the OS chooses.
+
+    lookupd ``i`` serves HTTP on ``lookupd_port + i``; nsqd ``i`` TCP on ``nsqd_port + 2i`` and
+    HTTP on the port after it. ``nsqd_port`` defaults to the port after the last lookupd."""
+    for name, value in (("lookupd_port", lookupd_port), ("nsqd_port", nsqd_port)):
+        if type(value) is not int or not 0 <= value <= _MAX_PORT:
+            raise ValidationError(name, f"must be a port 1..{_MAX_PORT} (0: chosen by the OS)")
+    if nsqd_port == 0 and lookupd_port:
+        nsqd_port = lookupd_port + lookupds
+    lookupd_ports = set(range(lookupd_port, lookupd_port + lookupds)) if lookupd_port else set()
+    nsqd_ports = set(range(nsqd_port, nsqd_port + 2 * nodes)) if nsqd_port else set()
+    if max(lookupd_ports | nsqd_ports, default=0) > _MAX_PORT:
+        raise ValidationError("nsqd_port", f"the ports of {nodes} nodes go past {_MAX_PORT}")
+    if lookupd_ports & nsqd_ports:
+        raise ValidationError(
+            "nsqd_port",
+            f"nsqd ports {nsqd_port}..{nsqd_port + 2 * nodes - 1} overlap the nsqlookupd "
+            f"ports {lookupd_port}..{lookupd_port + lookupds - 1}",
+        )
+    return lookupd_port, nsqd_port
+
+
 class Cluster:
     """An in-process NSQ cluster on 127.0.0.1 with OS-chosen ports.
 
     ``Cluster(nodes=3)`` emulates a youzan HA cluster (nodes are numbered from 0; 3 by
     default); ``Cluster(classic=True)`` a classic nsqd (1 by default) with a classic
     nsqlookupd.
+
+    Addresses: everything listens on ``host`` (``"0.0.0.0"`` for every interface, e.g. in a
+    container). ``lookupd_port`` fixes the HTTP port of nsqlookupd 0 (lookupd ``i`` gets
+    ``lookupd_port + i``) and ``nsqd_port`` the TCP port of nsqd 0 (nsqd ``i``: TCP
+    ``nsqd_port + 2i``, HTTP the port after; by default right after the lookupd ports when
+    ``lookupd_port`` is given, else chosen by the OS). ``broadcast_address`` is what the
+    nsqlookupds announce for every nsqd and for themselves (``/listlookup``), like nsqd's
+    ``--broadcast-address``: by default the address clients on this machine use.
+    ``lookupd_url`` and ``nsqd_addresses`` are always the local ones.
     """
 
     def __init__(
@@ -69,6 +116,9 @@ class Cluster:
         record_deliveries: bool = True,
         host: str = "127.0.0.1",
         sweep_interval: float = 0.02,
+        broadcast_address: str | None = None,
+        lookupd_port: int = 0,
+        nsqd_port: int = 0,
     ) -> None:
         if nodes is None:
             nodes = 1 if classic else 3
@@ -80,6 +130,10 @@ class Cluster:
             raise ValidationError("lookupds", "a classic cluster has exactly one nsqlookupd")
         self.classic = classic
         self.host = host
+        # Where clients on this machine connect: the bind address, or loopback for a wildcard.
+        self.local_host = _LOOPBACK.get(host, host)
+        self.broadcast_address = _check_broadcast(broadcast_address, self.local_host)
+        self._port_plan = _port_plan(lookupd_port, nsqd_port, lookupds, nodes)
         self.failover_delay = failover_delay
         self.allow_write_with_no_channels = allow_write_with_no_channels
         self.record_deliveries = record_deliveries
@@ -100,7 +154,10 @@ class Cluster:
             allow_ext_compatible=allow_ext_compatible,
         )
         self.nodes = [NsqdNode(self, i, self.settings) for i in range(nodes)]
-        self._node_http = [HttpServer(NsqdHttpApi(node).handle, host) for node in self.nodes]
+        self._node_http = [
+            HttpServer(NsqdHttpApi(node).handle, host, self.planned_port(node.index, "http"))
+            for node in self.nodes
+        ]
         self.lookupds = [LookupdNode(self, i) for i in range(lookupds)]
         self.topics: dict[str, Topic] = {}
         self._partitions_by_log: dict[int, Partition] = {}
@@ -114,6 +171,16 @@ class Cluster:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self._stopped = False
+
+    def planned_port(self, index: int, kind: str) -> int:
+        """The fixed port of lookupd ``index`` (kind "lookupd") or of nsqd ``index`` ("tcp",
+        "http"); 0 (the OS chooses) without ``lookupd_port``/``nsqd_port``."""
+        lookupd_base, nsqd_base = self._port_plan
+        if kind == "lookupd":
+            return lookupd_base + index if lookupd_base else 0
+        if not nsqd_base:
+            return 0
+        return nsqd_base + 2 * index + (1 if kind == "http" else 0)
 
     # ------------------------------------------------------------------ lifecycle
 

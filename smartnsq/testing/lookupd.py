@@ -77,7 +77,7 @@ class LookupdNode:
     def __init__(self, cluster: Cluster, index: int) -> None:
         self.cluster = cluster
         self.index = index
-        self.http = HttpServer(self.handle, cluster.host)
+        self.http = HttpServer(self.handle, cluster.host, cluster.planned_port(index, "lookupd"))
         self.running = False
         self.frozen: dict[tuple[str, str, str], tuple[int, Any]] | None = None
         self._reserved: list[socket.socket] = []
@@ -112,7 +112,9 @@ class LookupdNode:
 
     @property
     def url(self) -> str:
-        return f"http://{self.http.address}"
+        """Where a client on this machine connects (``/listlookup`` announces
+        ``broadcast_address`` instead)."""
+        return f"http://{self.cluster.local_host}:{self.http.port}"
 
     @property
     def http_port(self) -> int:
@@ -141,7 +143,7 @@ class LookupdNode:
         return leader is self
 
     def node_info(self) -> dict[str, Any]:
-        host = self.cluster.host
+        host = self.cluster.broadcast_address
         return {
             "ID": f"{host}:{self.rpc_port}:{self.tcp_port}:nsqlookup",
             "NodeIP": host,
@@ -245,13 +247,13 @@ class LookupdNode:
         return [name for name in topic.channel_names if name in present]
 
     def _peer(self, node: NsqdNode) -> dict[str, Any]:
-        host = self.cluster.host
-        remote = f"{host}:{node.registration_port}"
+        # remote_address: where nsqd's registration came from, not what it announces
+        remote = f"{self.cluster.local_host}:{node.registration_port}"
         return {
             "id": remote,
             "remote_address": remote,
             "hostname": HOSTNAME,
-            "broadcast_address": host,
+            "broadcast_address": self.cluster.broadcast_address,
             "tcp_port": node.tcp_port,
             "http_port": node.http_port,
             "version": YOUZAN_VERSION,
@@ -412,7 +414,7 @@ class LookupdNode:
             stats.append(
                 {
                     "hostname": HOSTNAME,
-                    "broadcast_address": cluster.host,
+                    "broadcast_address": cluster.broadcast_address,
                     "tcp_port": node.tcp_port,
                     "http_port": node.http_port,
                     # Go prints a whole float64 without a fraction: 2, not 2.0
@@ -504,7 +506,8 @@ class LookupdNode:
         if not text:
             return None
         for node in self.cluster.nodes:
-            if text in (_distributed_id(node), node.tcp_address, str(node.index)):
+            names = (_distributed_id(node), node.announced_tcp_address, str(node.index))
+            if text in (*names, node.tcp_address):
                 return node.index
         return -1
 
@@ -531,11 +534,10 @@ class LookupdNode:
     # ------------------------------------------------------------------ classic
 
     def _classic_peer(self, node: NsqdNode) -> dict[str, Any]:
-        host = self.cluster.host
         return {
-            "remote_address": f"{host}:{node.registration_port}",
+            "remote_address": f"{self.cluster.local_host}:{node.registration_port}",
             "hostname": HOSTNAME,
-            "broadcast_address": host,
+            "broadcast_address": self.cluster.broadcast_address,
             "tcp_port": node.tcp_port,
             "http_port": node.http_port,
             "version": CLASSIC_VERSION,
@@ -558,7 +560,7 @@ class LookupdNode:
 
 def _distributed_id(node: NsqdNode) -> str:
     # youzan's node id: broadcast address, RPC port, TCP port, configured node id
-    return f"{node.host}:{node.tcp_port + 2}:{node.tcp_port}:{node.index}"
+    return f"{node.cluster.broadcast_address}:{node.tcp_port + 2}:{node.tcp_port}:{node.index}"
 
 
 def _raising(status: int, message: str, mode: Mode) -> Route:

@@ -171,8 +171,8 @@ class NsqdNode:
         self.cluster = cluster
         self.index = index
         self.settings = settings
-        self.host = cluster.host
-        self.tcp_port = 0
+        self.host = cluster.host  # bind address
+        self.tcp_port = cluster.planned_port(index, "tcp")
         self.http_port = 0
         self.running = False
         self.sessions: set[ClientSession] = set()
@@ -188,11 +188,17 @@ class NsqdNode:
 
     @property
     def tcp_address(self) -> str:
-        return f"{self.host}:{self.tcp_port}"
+        """Where a client on this machine connects (not what nsqlookupd announces)."""
+        return f"{self.cluster.local_host}:{self.tcp_port}"
 
     @property
     def http_address(self) -> str:
-        return f"{self.host}:{self.http_port}"
+        return f"{self.cluster.local_host}:{self.http_port}"
+
+    @property
+    def announced_tcp_address(self) -> str:
+        """``broadcast_address:tcp_port``: the address nsqlookupd hands out."""
+        return f"{self.cluster.broadcast_address}:{self.tcp_port}"
 
     @property
     def name(self) -> str:

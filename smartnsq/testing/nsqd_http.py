@@ -95,7 +95,7 @@ class NsqdHttpApi:
         node = self.node
         info: dict[str, Any] = {
             "version": node.settings.version,
-            "broadcast_address": node.host,
+            "broadcast_address": node.cluster.broadcast_address,
             "hostname": node.cluster.hostname,
             "http_port": node.http_port,
             "tcp_port": node.tcp_port,

@@ -11,6 +11,19 @@ Installed with smartnsq (entry point ``pytest11: smartnsq``)::
     @pytest.mark.nsq_cluster(nodes=1, classic=True)
     async def test_classic(nsq_cluster): ...
 
+Dockerized clusters (:mod:`smartnsq.testing.containers`): the ``nsq_docker_cluster`` fixture
+is a started container cluster for each test, removed after it::
+
+    @pytest.mark.nsq_docker("embedded", topics=["orders:4:2"], channels=["orders:billing"])
+    def test_in_docker(nsq_docker_cluster):
+        producer = nsq_docker_cluster.producer()  # wired with the cluster's address map
+        ...
+
+``nsq_docker(kind, **options)``: kind ``"embedded"`` (default: the smartnsq image,
+``$SMARTNSQ_TEST_IMAGE``), ``"youzan"`` (``$SMARTNSQ_YOUZAN_IMAGE``, ``$SMARTNSQ_ETCD_IMAGE``)
+or ``"classic"`` (``$SMARTNSQ_CLASSIC_IMAGE``); options go to the cluster class. Without a
+Docker engine the tests that use it are skipped, with the reason.
+
 The marker takes :class:`smartnsq.testing.Cluster`'s arguments (``nodes``, ``classic``,
 ``lookupds``, ``failover_delay``, ``msg_timeout``...) and may be set on a test, a class or
 a module (``pytestmark``); the closest one wins. The cluster is function-scoped and stopped
@@ -29,11 +42,15 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from smartnsq.testing.cluster import Cluster
+    from collections.abc import Iterator
 
-__all__ = ["MARKER", "cluster_from_marker"]
+    from smartnsq.testing.cluster import Cluster
+    from smartnsq.testing.containers import ContainerCluster
+
+__all__ = ["DOCKER_MARKER", "MARKER", "cluster_from_marker", "docker_cluster_from_marker"]
 
 MARKER = "nsq_cluster"
+DOCKER_MARKER = "nsq_docker"
 _FIXTURES = "smartnsq.testing._pytest_fixtures"
 
 
@@ -43,6 +60,12 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{MARKER}(nodes=3, classic=False, lookupds=1, failover_delay=0.0, **options): "
         "configure the nsq_cluster fixture (smartnsq.testing.Cluster arguments)",
     )
+    config.addinivalue_line(
+        "markers",
+        f"{DOCKER_MARKER}(kind='embedded', **options): configure the nsq_docker_cluster fixture "
+        "(embedded, youzan or classic; options of smartnsq.testing.containers' classes)",
+    )
+    config.pluginmanager.register(_DockerFixtures(), "smartnsq-nsq-docker")
     if _asyncio_plugin_active(config):
         config.pluginmanager.import_plugin(_FIXTURES)
     else:
@@ -82,3 +105,51 @@ def cluster_from_marker(request: pytest.FixtureRequest) -> Cluster:
         return Cluster(*args, **kwargs)
     except (TypeError, ValidationError) as exc:
         pytest.fail(f"@pytest.mark.{MARKER}: {exc}", pytrace=False)
+
+
+class _DockerFixtures:
+    """The ``nsq_docker_cluster`` fixture (blocking: usable from sync and async tests)."""
+
+    _unavailable: str | bool | None = False  # False: not asked yet
+
+    @pytest.fixture
+    def nsq_docker_cluster(self, request: pytest.FixtureRequest) -> Iterator[ContainerCluster]:
+        """A started dockerized NSQ cluster configured by the ``nsq_docker`` marker; skipped
+        when no Docker engine answers, removed (containers and network) after the test."""
+        from smartnsq.testing.containers import docker_unavailable_reason
+
+        if self._unavailable is False:
+            _DockerFixtures._unavailable = docker_unavailable_reason()  # once per session
+        if isinstance(self._unavailable, str):
+            pytest.skip(self._unavailable)
+        cluster = docker_cluster_from_marker(request)
+        with cluster:
+            yield cluster
+
+
+def docker_cluster_from_marker(request: pytest.FixtureRequest) -> ContainerCluster:
+    """A (not yet opened) container cluster configured by the closest ``nsq_docker`` marker."""
+    from smartnsq.errors import ValidationError
+    from smartnsq.testing import containers
+
+    marker = request.node.get_closest_marker(DOCKER_MARKER)
+    args: tuple[Any, ...] = marker.args if marker is not None else ()
+    kwargs: dict[str, Any] = dict(marker.kwargs) if marker is not None else {}
+    kind = args[0] if args else kwargs.pop("kind", "embedded")
+    classes: dict[str, type[containers.ContainerCluster]] = {
+        "embedded": containers.EmbeddedContainerCluster,
+        "youzan": containers.YouzanContainerCluster,
+        "classic": containers.ClassicContainerCluster,
+    }
+    cls = classes.get(kind)
+    if cls is None or len(args) > 1:
+        pytest.fail(
+            f"@pytest.mark.{DOCKER_MARKER}: the kind is one of {', '.join(classes)}, "
+            f"then keyword options; got {args!r}",
+            pytrace=False,
+        )
+    try:
+        inspect.signature(cls).bind(**kwargs)
+        return cls(**kwargs)
+    except (TypeError, ValidationError) as exc:
+        pytest.fail(f"@pytest.mark.{DOCKER_MARKER}: {exc}", pytrace=False)

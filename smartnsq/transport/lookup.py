@@ -58,7 +58,7 @@ from smartnsq.protocol.lookupd import (
     Node,
     TopicLayout,
     _check_access,
-    _join_host_port,
+    join_host_port,
     merge_layouts,
     parse_listlookup,
     parse_lookup,
@@ -66,6 +66,7 @@ from smartnsq.protocol.lookupd import (
     unwrap_response,
 )
 from smartnsq.protocol.validation import check_topic
+from smartnsq.routing.addresses import AddressMap, AddressMapping
 from smartnsq.transport.httplog import quiet
 
 __all__ = [
@@ -110,7 +111,7 @@ def normalize_seed(seed: object) -> tuple[str, str]:
         raise ValidationError("seeds", f"{seed!r}: missing host")
     if port == 0:
         raise ValidationError("seeds", f"{seed!r}: port must be 1..65535")
-    address = _join_host_port(host, port or DEFAULT_LOOKUPD_PORT)
+    address = join_host_port(host, port or DEFAULT_LOOKUPD_PORT)
     return address, f"{parts.scheme}://{address}"
 
 
@@ -177,6 +178,10 @@ class LookupManager:
     ``http_client``: an httpx client to use instead of the manager's own (the caller closes it);
     ``transport``: an httpx transport for the manager's own client. ``clock``, ``rand`` and
     ``sleep`` drive backoff, jitter and polling, so tests can control time.
+    ``address_map``: a dict ``{"host:port": "host:port"}`` or a function ``(address) ->
+    address`` (see :class:`~smartnsq.routing.addresses.AddressMap`) applied to every nsqd
+    address (TCP and HTTP) the lookups return and every nsqlookupd ``/listlookup`` lists:
+    what a client outside Docker or NAT needs to reach nodes that announce inner addresses.
 
     Bound to the event loop lazily: nothing loop-bound is created before the first call.
     """
@@ -199,7 +204,9 @@ class LookupManager:
         http_client: httpx.AsyncClient | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         logger: logging.Logger | None = None,
+        address_map: AddressMapping | None = None,
     ) -> None:
+        self._address_map = AddressMap.of(address_map)
         if isinstance(seeds, str) or not isinstance(seeds, Sequence):
             raise ValidationError("seeds", "must be a sequence of addresses (a list, not a str)")
         if not seeds:
@@ -258,6 +265,11 @@ class LookupManager:
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
         return self._closed
+
+    @property
+    def address_map(self) -> AddressMap:
+        """The map applied to every address the lookupds return (empty: none)."""
+        return self._address_map
 
     @property
     def lookupd_addresses(self) -> tuple[str, ...]:
@@ -534,7 +546,8 @@ class LookupManager:
                 if isinstance(payload, LookupdHTTPError) or not isinstance(payload, dict):
                     continue
                 for index, peer in enumerate(payload.get("producers") or []):
-                    nodes[parse_node(peer, f"producers[{index}]")] = None
+                    node = parse_node(peer, f"producers[{index}]")
+                    nodes[self._address_map.node(node)] = None
             except _FAILURES as exc:
                 self._mark_failed(lookupd, exc)
         if not nodes:
@@ -552,7 +565,7 @@ class LookupManager:
                 self._mark_ok(lookupd)
                 self._logger.debug("nsqlookupd %s: %s", lookupd.address, payload)
                 return _Answer(lookupd.address, error=payload)
-            layout = parse_lookup(topic, access, payload)
+            layout = self._address_map.layout(parse_lookup(topic, access, payload))
         except _FAILURES as exc:
             self._mark_failed(lookupd, exc)
             return _Answer(lookupd.address, failure=_describe(exc))
@@ -615,6 +628,8 @@ class LookupManager:
             self._mark_failed(lookupd, exc)
             return None
         self._mark_ok(lookupd)
+        if self._address_map:
+            nodes = tuple(dict.fromkeys(self._address_map.lookupd(node) for node in nodes))
         return nodes
 
     async def _not_lookupd(self, lookupd: _Lookupd) -> str:

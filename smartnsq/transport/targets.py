@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from smartnsq.errors import ValidationError
+from smartnsq.routing.addresses import AddressMap, AddressMapping
 from smartnsq.transport.connection import parse_address
 from smartnsq.transport.lookup import LookupManager
 
@@ -25,8 +26,22 @@ def resolve_targets(
     nsqd: Sequence[str] | None,
     lookup_manager: LookupManager | None = None,
     poll_interval: float = 60.0,
+    address_map: AddressMapping | None = None,
 ) -> Targets:
-    """Validate ``lookupd=[...]`` / ``nsqd=[...]`` (exactly one) and build the lookup."""
+    """Validate ``lookupd=[...]`` / ``nsqd=[...]`` (exactly one) and build the lookup.
+
+    ``address_map`` applies to what nsqlookupd announces; with ``nsqd=[...]`` the addresses
+    are the caller's own and it is refused, as it is with a ``lookup_manager`` (give the
+    map to the manager)."""
+    mapping = AddressMap.of(address_map)
+    if mapping and lookup_manager is not None:
+        raise ValidationError(
+            "address_map", "give it to the LookupManager passed as lookup_manager, not here"
+        )
+    if mapping and nsqd is not None:
+        raise ValidationError(
+            "address_map", "maps addresses nsqlookupd announces: it needs lookupd=[...], not nsqd"
+        )
     if lookup_manager is not None:
         return Targets([], lookup_manager, False)
     if (lookupd is None) == (nsqd is None):
@@ -40,4 +55,5 @@ def resolve_targets(
         for address in addresses:
             parse_address(address)
         return Targets(addresses, None, False)
-    return Targets([], LookupManager(list(lookupd or ()), poll_interval=poll_interval), True)
+    manager = LookupManager(list(lookupd or ()), poll_interval=poll_interval, address_map=mapping)
+    return Targets([], manager, True)

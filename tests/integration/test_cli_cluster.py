@@ -177,8 +177,8 @@ async def test_bad_topic_spec_is_a_one_line_usage_error() -> None:
 def test_topic_specs() -> None:
     assert parse_topic("orders:4:2") == TopicSpec("orders", 4, 2)
     assert parse_topic("audit:1:1:ordered,ext") == TopicSpec("audit", 1, 1, ordered=True, ext=True)
-    assert parse_topic("t") == TopicSpec("t")
-    assert parse_topic("t:3") == TopicSpec("t", 3)
+    assert parse_topic("t", classic=True) == TopicSpec("t")
+    assert parse_topic("t:1:1", classic=True) == TopicSpec("t")
     assert parse_channel("orders:billing") == ChannelSpec("orders", "billing")
 
 
@@ -192,6 +192,8 @@ def test_topic_specs() -> None:
         ("orders:2:1:ext:x", "expected NAME:PARTITIONS:REPLICAS[:FLAGS]"),
         ("bad topic:1:1", "--topic 'bad topic:1:1':"),
         (":1:1", "--topic ':1:1':"),
+        ("bad", "--topic 'bad': expected NAME:PARTITIONS:REPLICAS[:FLAGS], e.g. orders:4:2"),
+        ("orders:2", "--topic 'orders:2': expected NAME:PARTITIONS:REPLICAS[:FLAGS]"),
     ],
 )
 def test_bad_topic_specs(spec: str, message: str) -> None:
@@ -210,7 +212,13 @@ def test_bad_topic_specs(spec: str, message: str) -> None:
         (["--nodes", "0"], "--nodes must be >= 1"),
         (["--classic", "--lookupds", "2"], "exactly one nsqlookupd"),
         (["--classic", "--topic", "t:2:1"], "classic topics have no partitions"),
-        (["--topic", "t", "--topic", "t:2"], "the same topic is given twice"),
+        (["--topic", "t:1:1", "--topic", "t:2:1"], "the same topic is given twice"),
+        (["--topic", "bad"], "--topic 'bad': expected NAME:PARTITIONS:REPLICAS[:FLAGS]"),
+        (["--classic", "--topic", "t:2"], "classic topics have no partitions"),
+        (["--broadcast-address", "0.0.0.0"], "--broadcast-address: must name a host"),
+        (["--lookupd-port", "70000"], "--lookupd-port: must be a port 1..65535"),
+        (["--lookupd-port", "65535"], "--nsqd-port: the ports of 3 nodes go past 65535"),
+        (["--lookupd-port", "4161", "--nsqd-port", "4160"], "overlap the nsqlookupd ports"),
         (["--failover-delay", "-1"], "--failover-delay must be >= 0"),
     ],
 )
