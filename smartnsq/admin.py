@@ -32,6 +32,7 @@ import httpx
 from smartnsq.errors import (
     AdminError,
     ClientClosedError,
+    ConnectionClosedError,
     NSQTimeoutError,
     ProtocolError,
     UnsupportedFeatureError,
@@ -263,7 +264,7 @@ class Admin:
         for base in await self._leader_candidates():
             try:
                 answer = await self._request("POST", base, path, params)
-            except (httpx.HTTPError, ProtocolError, OSError) as exc:
+            except (ConnectionClosedError, ProtocolError) as exc:
                 tried.append(f"{base}: {type(exc).__name__}: {exc}")
                 continue
             if isinstance(answer, LookupdHTTPError):
@@ -279,7 +280,7 @@ class Admin:
         for base in self._lookupds:
             try:
                 payload = await self._request("GET", base, "/listlookup", {})
-            except (httpx.HTTPError, ProtocolError, OSError):
+            except (ConnectionClosedError, ProtocolError):
                 continue
             if isinstance(payload, LookupdHTTPError):
                 continue
@@ -387,10 +388,18 @@ class Admin:
         return self._client
 
     async def _request(self, method: str, base: str, path: str, params: dict[str, str]) -> object:
-        with quiet():
-            response = await self._http().request(
-                method, base + path, params=params, headers={"Accept": ACCEPT_V1}
-            )
+        """One request: the answer's payload or its LookupdHTTPError. Raises
+        ConnectionClosedError when nothing answers, ProtocolError when what answers is not
+        an nsqlookupd or nsqd."""
+        try:
+            with quiet():
+                response = await self._http().request(
+                    method, base + path, params=params, headers={"Accept": ACCEPT_V1}
+                )
+        except (httpx.HTTPError, OSError) as exc:
+            raise ConnectionClosedError(
+                f"{method} {base}{path} got no answer: {type(exc).__name__}: {exc}"
+            ) from exc
         try:
             return unwrap_response(response.status_code, response.headers, response.content)
         except ProtocolError as exc:
@@ -408,8 +417,8 @@ class Admin:
         for base in bases:
             try:
                 answer = await self._request("GET", base, path, params)
-            except (httpx.HTTPError, OSError) as exc:
-                failures.append(f"{base}: {type(exc).__name__}: {exc}")
+            except ConnectionClosedError as exc:
+                failures.append(str(exc))
                 continue
             if isinstance(answer, LookupdHTTPError) and not errors_ok:
                 raise _refused(answer, base + path)

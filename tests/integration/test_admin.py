@@ -14,6 +14,7 @@ from smartnsq.consumer import Consumer
 from smartnsq.errors import (
     AdminError,
     ChannelNotRegisteredError,
+    ConnectionClosedError,
     NSQTimeoutError,
     UnsupportedFeatureError,
     ValidationError,
@@ -224,3 +225,9 @@ async def test_classic(through: str) -> None:
             assert "t" not in node.classic_topics
             with pytest.raises(AdminError, match="no nsqd has topic 't'"):
                 await admin.delete_topic("t")
+
+
+async def test_an_nsqd_that_does_not_answer_is_a_typed_error() -> None:
+    async with Admin(nsqd_http=["127.0.0.1:1"]) as admin:  # nothing listens there
+        with pytest.raises(ConnectionClosedError, match="got no answer"):
+            await admin.create_topic("t")
