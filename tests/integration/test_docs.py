@@ -1,98 +1,179 @@
-"""Every Python example in README.md and docs/ runs, against a fresh embedded cluster.
+"""Every page of README.md and docs/ runs exactly as printed, with no hidden set-up.
 
-Examples are complete programs. Those written for a real cluster use the usual local
-addresses (nsqlookupd ``http://127.0.0.1:4161``, classic nsqd ``127.0.0.1:4150``), which are
-rewritten to the embedded clusters' addresses. A block fenced as ``python pytest`` is a test
-module and runs under pytest (with the project's nsq_cluster plugin).
+A page is run as a reader would run it, top to bottom, in an empty directory:
+
+* its set-up command, the first ```sh block that starts ``smartnsq cluster``, is started as
+  printed (the cluster on the documented fixed ports, e.g. ``--lookupd-port 4161``) and
+  stopped with Ctrl-C (SIGINT) once the page is done; it must exit 0;
+* every other ```sh block runs as printed (bash, ``set -euo pipefail``) and must exit 0;
+* every ```python block runs as a program, and every ```python pytest block as a test module
+  under pytest (with the project's ``nsq_cluster`` plugin), and must pass.
+
+```console blocks are shown, not run (installing, or commands for machines other than this
+one). The README's "Set up on a fresh machine" commands are what CI itself runs.
+Pages with Docker examples need an engine: skipped without one, unless
+``$SMARTNSQ_REQUIRE_DOCKER`` is set (CI), which makes them run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 
 import smartnsq
-from smartnsq.testing import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
-FENCE = re.compile(r"^```python( pytest)?\n(.*?)^```", re.MULTILINE | re.DOTALL)
-LOOKUPD = "http://127.0.0.1:4161"
-NSQD = "127.0.0.1:4150"
-TIMEOUT = 90
+FENCE = re.compile(r"^```(python pytest|python|sh)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+FRESH_MACHINE = "## Set up on a fresh machine"
+STEP_TIMEOUT = 180.0
 
 
-class Example(NamedTuple):
+class Block(NamedTuple):
     where: str
+    kind: str  # "sh", "python" or "python pytest"
     code: str
-    pytest: bool
 
 
-def _examples() -> list[Example]:
-    found = []
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
-        text = path.read_text()
-        for match in FENCE.finditer(text):
-            line = text.count("\n", 0, match.start()) + 1
-            where = f"{path.relative_to(ROOT)}:{line}"
-            found.append(Example(where, match.group(2), bool(match.group(1))))
-    return found
+class Page(NamedTuple):
+    path: Path
+    setup: Block | None
+    blocks: list[Block]
+
+    @property
+    def name(self) -> str:
+        return str(self.path.relative_to(ROOT))
+
+    @property
+    def needs_docker(self) -> bool:
+        return any("docker" in b.code or "ContainerCluster" in b.code for b in self.blocks)
 
 
-EXAMPLES = _examples()
-
-
-class Clusters(NamedTuple):
-    youzan: Cluster
-    classic: Cluster
-
-
-@pytest.fixture
-async def clusters() -> AsyncIterator[Clusters]:
-    async with Cluster(nodes=3) as youzan, Cluster(classic=True) as classic:
-        await youzan.create_topic("orders", 4, 2, channels=["billing"])
-        await youzan.create_topic(
-            "payments", 4, 2, ordered=True, channels=["ledger", "audit", "tracing-demo"]
-        )
-        await youzan.create_topic("audit", 1, 1, ext=True, channels=["archive", "otel-demo"])
-        yield Clusters(youzan, classic)
-
-
-def test_examples_were_found() -> None:
-    assert len(EXAMPLES) >= 10
-    assert any(example.pytest for example in EXAMPLES)
-
-
-@pytest.mark.parametrize("example", EXAMPLES, ids=[e.where for e in EXAMPLES])
-async def test_example_runs(example: Example, clusters: Clusters, tmp_path: Path) -> None:
-    code = example.code.replace(LOOKUPD, clusters.youzan.lookupd_url).replace(
-        NSQD, clusters.classic.nsqd_addresses[0]
+def _page(path: Path) -> Page:
+    text = path.read_text()
+    if path.name == "README.md":
+        # what CI runs on a fresh machine, not part of the walk-through
+        head, _, rest = text.partition(FRESH_MACHINE)
+        text = head + "\n" + rest.split("\n## ", 1)[1] if rest else head
+    blocks = []
+    for match in FENCE.finditer(text):
+        line = text.count("\n", 0, match.start()) + 1
+        blocks.append(Block(f"{path.relative_to(ROOT)}:{line}", match.group(1), match.group(2)))
+    setup = next(
+        (b for b in blocks if b.kind == "sh" and b.code.startswith("smartnsq cluster ")), None
     )
-    if example.pytest:
-        script = tmp_path / "test_example.py"
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(script)]
-    else:
-        script = tmp_path / "example.py"
-        command = [sys.executable, str(script)]
-    script.write_text(code)
+    return Page(path, setup, [b for b in blocks if b is not setup])
+
+
+PAGES = [
+    page
+    for page in map(_page, [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))])
+    if page.blocks
+]
+
+
+def test_pages_were_found() -> None:
+    blocks = [b for page in PAGES for b in page.blocks]
+    assert len(blocks) >= 20
+    assert {b.kind for b in blocks} == {"sh", "python", "python pytest"}
+
+
+def _env() -> dict[str, str]:
+    """The reader's environment: none of the developer's SMARTNSQ_* settings, the project's
+    ``smartnsq`` and ``python`` first on PATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SMARTNSQ_")}
+    if "SMARTNSQ_TEST_IMAGE" in os.environ:  # CI's smartnsq image, for the Docker page
+        env["SMARTNSQ_TEST_IMAGE"] = os.environ["SMARTNSQ_TEST_IMAGE"]
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return env
+
+
+async def _run(command: list[str], cwd: Path, where: str) -> None:
     process = await asyncio.create_subprocess_exec(
         *command,
-        cwd=tmp_path,
+        cwd=cwd,
+        env=_env(),
+        stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
     )
     try:
-        out, err = await asyncio.wait_for(process.communicate(), TIMEOUT)
+        out, _ = await asyncio.wait_for(process.communicate(), STEP_TIMEOUT)
     finally:
         if process.returncode is None:
             process.kill()
             await process.wait()
-    assert process.returncode == 0, f"{example.where} failed:\n{out.decode()}\n{err.decode()}"
+    assert process.returncode == 0, f"{where} failed ({process.returncode}):\n{out.decode()}"
+
+
+async def _start(setup: Block, cwd: Path) -> asyncio.subprocess.Process:
+    """The page's cluster, started as printed; returns once it has printed its addresses."""
+    process = await asyncio.create_subprocess_exec(
+        "bash",
+        "-c",
+        f"exec {setup.code.strip()}",
+        cwd=cwd,
+        env=_env(),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    assert process.stdout is not None
+    seen: list[bytes] = []
+    while True:
+        line = await asyncio.wait_for(process.stdout.readline(), 60)
+        seen.append(line)
+        if not line:
+            pytest.fail(f"{setup.where}: the set-up command ended:\n{b''.join(seen).decode()}")
+        if line.startswith(b"smartnsq cluster ("):
+            return process
+
+
+async def _stop(process: asyncio.subprocess.Process, setup: Block) -> None:
+    if process.returncode is None:
+        process.send_signal(signal.SIGINT)  # Ctrl-C
+    assert process.stdout is not None
+    out = await asyncio.wait_for(process.stdout.read(), 30)
+    code = await asyncio.wait_for(process.wait(), 30)
+    assert code == 0, f"{setup.where}: the cluster exited {code}:\n{out.decode()}"
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
+async def test_page_runs_as_printed(page: Page, tmp_path: Path) -> None:
+    if page.needs_docker:
+        _require_docker()
+    cluster = await _start(page.setup, tmp_path) if page.setup is not None else None
+    try:
+        for number, block in enumerate(page.blocks):
+            if block.kind == "sh":
+                command = ["bash", "-c", "set -euo pipefail\n" + block.code]
+            else:
+                script = tmp_path / f"test_example_{number}.py"
+                script.write_text(block.code)
+                command = [sys.executable, str(script)]
+                if block.kind == "python pytest":
+                    command[1:1] = ["-m", "pytest", "-q", "-p", "no:cacheprovider"]
+            await _run(command, tmp_path, block.where)
+    finally:
+        if cluster is not None:
+            await _stop(cluster, page.setup)  # type: ignore[arg-type]
+
+
+def _require_docker() -> None:
+    from smartnsq.testing.containers import docker_unavailable_reason
+
+    reason = docker_unavailable_reason()
+    if reason is not None:
+        if os.environ.get("SMARTNSQ_REQUIRE_DOCKER"):
+            pytest.fail(f"$SMARTNSQ_REQUIRE_DOCKER is set, but {reason}")
+        pytest.skip(reason)
 
 
 def test_reference_names_every_public_name() -> None:
