@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from smartnsq.flow.backoff import BackoffPolicy as BackoffPolicy
     from smartnsq.message import Message as Message
     from smartnsq.producer import Producer as Producer
-    from smartnsq.producer import PublishResult as PublishResult
     from smartnsq.protocol.commands import StartPosition as StartPosition
+    from smartnsq.publish_result import PublishResult as PublishResult
     from smartnsq.retry import Backoff as Backoff
     from smartnsq.routing.sharding import Sharder as Sharder
 
@@ -31,7 +31,7 @@ _LAZY = {
     "ConsumerStats": "smartnsq.consumer",
     "Message": "smartnsq.message",
     "Producer": "smartnsq.producer",
-    "PublishResult": "smartnsq.producer",
+    "PublishResult": "smartnsq.publish_result",
     "Sharder": "smartnsq.routing.sharding",
     "StartPosition": "smartnsq.protocol.commands",
 }

@@ -38,9 +38,10 @@ from smartnsq.errors import (
     ValidationError,
 )
 from smartnsq.flow.backoff import BackoffPolicy, check_seconds, requeue_delay
+from smartnsq.flow.ordering import PartitionSequence
 from smartnsq.flow.rdy import Outcome, RdyController
 from smartnsq.logthrottle import LogThrottle
-from smartnsq.message import Message
+from smartnsq.message import Message, Subscription
 from smartnsq.payload import MARKER, decompress_payload
 from smartnsq.protocol import commands
 from smartnsq.protocol.commands import StartPosition
@@ -100,47 +101,6 @@ class ConsumerStats:
     in_flight: int = 0
     connections: int = 0
     per_partition: dict[int | None, int] = field(default_factory=dict)
-
-
-class _Subscription:
-    """One subscribed connection: (nsqd address, partition)."""
-
-    __slots__ = (
-        "address",
-        "channel",
-        "closing",
-        "conn",
-        "consumer",
-        "current",
-        "in_flight",
-        "key",
-        "last",
-        "partition",
-        "pending",
-        "queue",
-        "topic",
-    )
-
-    def __init__(self, consumer: Consumer, key: _Key, conn: Connection) -> None:
-        self.consumer = consumer
-        self.key = key
-        self.address, self.partition = key
-        self.topic = consumer.topic
-        self.channel = consumer.channel
-        self.conn = conn
-        self.in_flight = 0
-        # ids delivered on this connection and not answered yet: nsqd may send one twice
-        self.pending: set[bytes] = set()
-        # ordered mode: (id, attempts) of the last delivery; a copy may follow it at once
-        self.last: tuple[bytes, int] | None = None
-        self.closing = False
-        # ordered mode: the message this partition's turn belongs to (handled, or handed out
-        # by the iterator) until it is over; the others wait in `queue`
-        self.current: Message | None = None
-        self.queue: deque[Message] = deque()
-
-    def __repr__(self) -> str:
-        return f"<Subscription {self.address} partition={self.partition}>"
 
 
 class Consumer:
@@ -278,14 +238,11 @@ class Consumer:
         self._handler_threads = handler_threads
         self._is_coroutine = handler is not None and is_coroutine_function(handler)
         self._stats = ConsumerStats()
-        self._subs: dict[_Key, _Subscription] = {}
+        self._subs: dict[_Key, Subscription] = {}
         self._connecting: dict[_Key, asyncio.Task[None]] = {}
         self._retry_at: dict[_Key, float] = {}
         self._failures: dict[_Key, int] = {}
-        self._last_seen: dict[int | None, tuple[int, int]] = {}
-        # ordered mode, per partition: (queue offset after, timestamp of) the last message
-        # this consumer finished; what comes below it again is a replay (skip_replays)
-        self._finished_upto: dict[int | None, tuple[int, int]] = {}
+        self._sequence = PartitionSequence()  # ordered mode: replays, order violations
         self._tasks: set[asyncio.Task[Any]] = set()
         self._inbox: deque[Message] = deque()
         self._inbox_waiter: asyncio.Future[None] | None = None
@@ -293,7 +250,7 @@ class Consumer:
         self._fatal: BaseException | None = None
         self._extend_support: bool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._controller: RdyController[_Subscription] | None = None
+        self._controller: RdyController[Subscription] | None = None
         self._tick_handle: asyncio.TimerHandle | None = None
         self._wake: asyncio.Event | None = None
         self._force_refresh = False
@@ -591,7 +548,7 @@ class Consumer:
         snapshot.connections = sum(1 for s in self._subs.values() if s.conn.is_open)
         return snapshot
 
-    def _apply(self, updates: list[tuple[_Subscription, int]]) -> None:
+    def _apply(self, updates: list[tuple[Subscription, int]]) -> None:
         for sub, count in updates:
             conn = sub.conn
             if conn.is_open and not sub.closing:
@@ -794,7 +751,7 @@ class Consumer:
             message_class=Message,
             label=f"{address}/{self.topic}/{partition}",
         )
-        sub = _Subscription(self, key, conn)
+        sub = Subscription(self, key, conn)
         conn.on_message = functools.partial(self._on_message, sub)
         conn.on_error = self._on_server_error
         conn.unsolicited_command = "FIN"
@@ -878,7 +835,7 @@ class Consumer:
             self._retry_at[key] = self._loop.time() + self.reconnect_backoff.delay(failures)
         return failures
 
-    def _on_close(self, sub: _Subscription, conn: Connection, exc: BaseException | None) -> None:
+    def _on_close(self, sub: Subscription, conn: Connection, exc: BaseException | None) -> None:
         if self._subs.get(sub.key) is sub:
             del self._subs[sub.key]
         if self._controller is not None:
@@ -908,7 +865,7 @@ class Consumer:
         self._count_failure(sub.key, first_at_once=True)
         self._wake_up(refresh=self._lookup is not None)
 
-    def _retire(self, sub: _Subscription) -> None:
+    def _retire(self, sub: Subscription) -> None:
         sub.closing = True
         if sub.conn.is_open:
             sub.conn.send(commands.rdy(0))
@@ -917,7 +874,7 @@ class Consumer:
             self._fit_budget()
         self._close_if_drained(sub)
 
-    def _close_if_drained(self, sub: _Subscription) -> None:
+    def _close_if_drained(self, sub: Subscription) -> None:
         """A retired subscription closes once its last in-flight message is answered."""
         if sub.closing and sub.in_flight == 0:
             self._spawn(sub.conn.close())
@@ -930,7 +887,7 @@ class Consumer:
 
     # ------------------------------------------------------------------ messages
 
-    def _on_message(self, sub: _Subscription, conn: Connection, frame: MessageFrame) -> None:
+    def _on_message(self, sub: Subscription, conn: Connection, frame: MessageFrame) -> None:
         message = cast(Message, frame)  # decoded with message_class=Message
         stats = self._stats
         pending = sub.pending
@@ -990,17 +947,11 @@ class Consumer:
         except NSQError as exc:
             log.error("%s: cannot decompress message %s: %s", self.topic, message.id.hex(), exc)
 
-    def _is_replay(self, sub: _Subscription, message: Message) -> bool:
-        """A message this consumer already finished, delivered again (a new leader resumes
-        from the consume offset the old one had synced to it): FIN it, unhandled. It sits
-        below the partition's next expected queue offset and is not newer than the last
-        finished message (a topic deleted and created again restarts its offsets, with newer
-        messages)."""
-        done = self._finished_upto.get(sub.partition)
+    def _is_replay(self, sub: Subscription, message: Message) -> bool:
+        """A message this consumer already finished, delivered again: FIN it, unhandled
+        (see :class:`PartitionSequence`)."""
         offset = message.offset
-        if done is None or offset is None:
-            return False
-        if offset >= done[0] or message.timestamp > done[1]:
+        if offset is None or not self._sequence.is_replay(sub.partition, offset, message.timestamp):
             return False
         self._answer(message, commands.fin(message.id), "neutral", "replays_skipped")
         log.debug(
@@ -1011,33 +962,24 @@ class Consumer:
         )
         return True
 
-    def _record_finished(self, sub: _Subscription, message: Message) -> None:
+    def _record_finished(self, sub: Subscription, message: Message) -> None:
         """Ordered mode: where the partition's next message starts (see _is_replay)."""
         offset, size = message.offset, message.raw_size
         if offset is not None and size is not None:
-            upto = offset + size
-            done = self._finished_upto.get(sub.partition)
-            if done is None or upto > done[0]:
-                self._finished_upto[sub.partition] = (upto, message.timestamp)
+            self._sequence.finished(sub.partition, offset, size, message.timestamp)
 
-    def _check_order(self, sub: _Subscription, message: Message) -> bool:
-        """Per partition, internal id and queue offset never go backwards (a redelivery of
-        the same message is fine)."""
+    def _check_order(self, sub: Subscription, message: Message) -> bool:
+        """Per partition, internal id and queue offset never go backwards; a violation is
+        counted, logged and, with raise_on_order_violation, stops the consumer."""
         internal_id = message.internal_id
         if internal_id is None:
             return True
         offset = message.offset if message.offset is not None else -1
-        last = self._last_seen.get(sub.partition)
-        self._last_seen[sub.partition] = (internal_id, offset)
-        if last is None or internal_id == last[0]:
-            return True
-        if internal_id > last[0] and offset >= last[1]:
+        violation = self._sequence.violation(sub.partition, internal_id, offset)
+        if violation is None:
             return True
         self._stats.order_violations += 1
-        error = OrderViolationError(
-            f"partition {sub.partition} went backwards: id {last[0]} -> {internal_id}, "
-            f"offset {last[1]} -> {offset}"
-        )
+        error = OrderViolationError(violation)
         log.error("%s: %s", self.topic, error)
         if self.raise_on_order_violation:
             self._fail(error)
@@ -1153,7 +1095,7 @@ class Consumer:
         if held is not None:
             log.warning(text + LogThrottle.note(held, self._throttle.interval), *args)
 
-    def _next_ordered(self, sub: _Subscription, message: Message) -> None:
+    def _next_ordered(self, sub: Subscription, message: Message) -> None:
         """``message``'s turn is over (it was handled, or answered from the iterator): the
         partition's next message may go. Calling it again for the same message does nothing."""
         if message.waiting or sub.current is not message:
@@ -1280,7 +1222,7 @@ class Consumer:
         self._after_answer(sub)
         return True
 
-    def _finish_success(self, message: Message, sub: _Subscription) -> None:
+    def _finish_success(self, message: Message, sub: Subscription) -> None:
         """_answer for the common case (a handler returned): FIN, counted, no detour."""
         message.responded = True
         sub.pending.discard(message.id)
@@ -1309,7 +1251,7 @@ class Consumer:
         if (sub.closing and sub.in_flight == 0) or self._state == "closing":
             self._after_answer(sub)
 
-    def _after_answer(self, sub: _Subscription) -> None:
+    def _after_answer(self, sub: Subscription) -> None:
         self._close_if_drained(sub)
         if self._state == "closing":
             self._check_drained()

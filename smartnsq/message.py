@@ -1,19 +1,82 @@
-"""The message a consumer hands to its handler (or yields when iterated)."""
+"""The message a consumer hands to its handler (or yields when iterated), and the
+subscription it came through.
+
+A message is answered by the consumer that received it; it knows that consumer only as an
+:class:`Answerer`, so this module stands below the consumer.
+"""
 
 from __future__ import annotations
 
 import json
+from collections import deque
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from smartnsq.protocol.message import EXT_VERSION_JSON, EXT_VERSION_TAG, MessageFrame
+from smartnsq.transport.connection import Connection
 
-if TYPE_CHECKING:
-    from smartnsq.consumer import _Subscription
-
-__all__ = ["Message"]
+__all__ = ["Answerer", "Message", "Subscription"]
 
 _UNSET: Any = object()
+
+
+class Answerer(Protocol):
+    """What answers a message: the consumer that received it."""
+
+    topic: str
+    channel: str
+
+    def finish(self, message: Message) -> None: ...
+
+    def requeue(
+        self, message: Message, delay: float | None = None, *, backoff: bool = True
+    ) -> None: ...
+
+    def touch(self, message: Message) -> None: ...
+
+    def _context_exit(self, message: Message, exc: BaseException | None) -> bool: ...
+
+
+class Subscription:
+    """One subscribed connection of a consumer: (nsqd address, partition), and what is in
+    flight on it."""
+
+    __slots__ = (
+        "address",
+        "channel",
+        "closing",
+        "conn",
+        "consumer",
+        "current",
+        "in_flight",
+        "key",
+        "last",
+        "partition",
+        "pending",
+        "queue",
+        "topic",
+    )
+
+    def __init__(self, consumer: Answerer, key: tuple[str, int | None], conn: Connection) -> None:
+        self.consumer = consumer
+        self.key = key
+        self.address, self.partition = key
+        self.topic = consumer.topic
+        self.channel = consumer.channel
+        self.conn = conn
+        self.in_flight = 0
+        # ids delivered on this connection and not answered yet: nsqd may send one twice
+        self.pending: set[bytes] = set()
+        # ordered mode: (id, attempts) of the last delivery; a copy may follow it at once
+        self.last: tuple[bytes, int] | None = None
+        self.closing = False
+        # ordered mode: the message this partition's turn belongs to (handled, or handed out
+        # by the iterator) until it is over; the others wait in `queue`
+        self.current: Message | None = None
+        self.queue: deque[Message] = deque()
+
+    def __repr__(self) -> str:
+        return f"<Subscription {self.address} partition={self.partition}>"
 
 
 class Message(MessageFrame):
@@ -31,7 +94,7 @@ class Message(MessageFrame):
 
     __slots__ = ("_ext", "_sub", "responded", "waiting")
 
-    _sub: _Subscription
+    _sub: Subscription
     _ext: dict[str, Any] | None
     responded: bool
     waiting: bool  # ordered mode: the client is waiting out a requeue delay

@@ -45,6 +45,7 @@ from smartnsq.protocol.validation import (
     check_trace_id,
     encode_ext,
 )
+from smartnsq.publish_result import PublishResult
 from smartnsq.retry import Backoff, is_retriable, needs_lookup_refresh
 from smartnsq.routing.addresses import AddressMapping
 from smartnsq.routing.sharding import Sharder, ShardingStrategy
@@ -68,21 +69,6 @@ _ANY_TOPIC = "*"
 _NO_KEY: Any = object()
 # On-disk size of a youzan message beyond its body (length + header), for batch offsets.
 _DISK_OVERHEAD = 4 + 26
-
-
-@dataclass(frozen=True, slots=True)
-class PublishResult:
-    """What nsqd accepted. ``internal_id``, ``trace_id``, ``offset`` and ``size`` come from
-    a trace receipt (traced publishes on youzan) and are None otherwise."""
-
-    topic: str
-    partition: int | None
-    address: str
-    internal_id: int | None = None
-    trace_id: int | None = None
-    offset: int | None = None
-    size: int | None = None
-    tries: int = 1
 
 
 class _Publish:

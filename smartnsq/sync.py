@@ -41,7 +41,7 @@ from smartnsq.consumer import ConsumerStats, is_coroutine_function
 from smartnsq.errors import ClientClosedError, ForkedClientError, NSQTimeoutError
 from smartnsq.message import Message as AsyncMessage
 from smartnsq.producer import Producer as AsyncProducer
-from smartnsq.producer import PublishResult
+from smartnsq.publish_result import PublishResult
 
 __all__ = ["Consumer", "ConsumerStats", "Message", "Producer", "PublishResult"]
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from smartnsq.message import Message
-    from smartnsq.producer import PublishResult
+    from smartnsq.publish_result import PublishResult
 
 __all__ = ["TRACE_LOGGER", "format_fields", "log_consume", "log_publish"]
 

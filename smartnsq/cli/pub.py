@@ -26,7 +26,8 @@ from smartnsq.cli._common import (
     topic_arg,
 )
 from smartnsq.errors import NSQError, UnsupportedFeatureError, ValidationError
-from smartnsq.producer import Producer, PublishResult
+from smartnsq.producer import Producer
+from smartnsq.publish_result import PublishResult
 
 __all__ = ["register"]
 

@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from smartnsq import errors as e
-from smartnsq.producer import Producer, PublishResult
+from smartnsq.producer import Producer
+from smartnsq.publish_result import PublishResult
 from smartnsq.retry import Backoff
 from smartnsq.routing.sharding import Sharder
 from smartnsq.testing import Cluster
