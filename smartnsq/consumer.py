@@ -14,7 +14,6 @@ import concurrent.futures
 import contextvars
 import functools
 import inspect
-import json
 import logging
 import os
 import time
@@ -27,13 +26,13 @@ from types import TracebackType
 from typing import Any, cast
 
 from smartnsq._eager import run_eager
+from smartnsq.deadletter import write_dead_letter
 from smartnsq.errors import (
     ClientClosedError,
     ConnectionClosedError,
     NSQError,
     OrderViolationError,
     ServerError,
-    TopicNotFoundError,
     UnsupportedFeatureError,
     ValidationError,
 )
@@ -45,12 +44,11 @@ from smartnsq.message import Message, Subscription
 from smartnsq.payload import MARKER, decompress_payload
 from smartnsq.protocol import commands
 from smartnsq.protocol.commands import StartPosition
-from smartnsq.protocol.lookupd import TopicLayout
-from smartnsq.protocol.message import MessageFrame, MessageLayout
-from smartnsq.protocol.responses import OK
+from smartnsq.protocol.message import MessageFrame
 from smartnsq.protocol.validation import check_channel, check_partition, check_topic
-from smartnsq.retry import Backoff, is_retriable, needs_lookup_refresh
+from smartnsq.retry import Backoff
 from smartnsq.routing.addresses import AddressMapping
+from smartnsq.subscriber import Subscriber
 from smartnsq.telemetry import Telemetry, server_attributes
 from smartnsq.tracelog import TRACE_LOGGER, log_consume
 from smartnsq.transport.connection import Compression, Connection, ConnectionConfig
@@ -61,8 +59,6 @@ __all__ = ["ORDERED_REQUEUE_DELAY", "REQUEUE_DELAY", "Consumer", "ConsumerStats"
 
 log = logging.getLogger("smartnsq.consumer")
 
-# How often a consumer looks for a topic that does not exist yet.
-MISSING_TOPIC_BACKOFF = Backoff(initial=0.5, maximum=5.0)
 # Repeated warnings (handler failures of one exception type, a node that keeps refusing)
 # are logged at most once per this many seconds, with the count of those not shown.
 LOG_INTERVAL = 10.0
@@ -74,7 +70,6 @@ ORDERED_REQUEUE_DELAY = 0.1
 Handler = Callable[[Message], Any]
 GivingUp = Callable[[Message], Any]
 ErrorHook = Callable[[BaseException], Any]
-_Key = tuple[str, "int | None"]
 # Called once a handler is over: (message, None) when it returned, (message, exc) if it raised.
 _Done = Callable[[Message, "BaseException | None"], None]
 
@@ -238,36 +233,33 @@ class Consumer:
         self._handler_threads = handler_threads
         self._is_coroutine = handler is not None and is_coroutine_function(handler)
         self._stats = ConsumerStats()
-        self._subs: dict[_Key, Subscription] = {}
-        self._connecting: dict[_Key, asyncio.Task[None]] = {}
-        self._retry_at: dict[_Key, float] = {}
-        self._failures: dict[_Key, int] = {}
+        self._subscriber = Subscriber(
+            self,
+            topic=self.topic,
+            channel=self.channel,
+            ordered=ordered,
+            partitions=self.partitions,
+            start_position=start,
+            desired_tag=desired_tag,
+            connection_config=self.connection_config,
+            reconnect_backoff=self.reconnect_backoff,
+            lookup=self._lookup,
+            nsqd=self._nsqd,
+        )
         self._sequence = PartitionSequence()  # ordered mode: replays, order violations
         self._tasks: set[asyncio.Task[Any]] = set()
         self._inbox: deque[Message] = deque()
         self._inbox_waiter: asyncio.Future[None] | None = None
         self._state = "new"  # new -> starting -> started -> closing -> closed
         self._fatal: BaseException | None = None
-        self._extend_support: bool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._controller: RdyController[Subscription] | None = None
         self._tick_handle: asyncio.TimerHandle | None = None
-        self._wake: asyncio.Event | None = None
-        self._force_refresh = False
-        # youzan: the partitions wanted (from the lookup's partition_num); while one has no
-        # live subscription the supervisor looks up again every reconnect_backoff step
-        self._wanted: frozenset[int] = frozenset()
-        self._relookups = 0
-        self._topic_missing = False
-        self._supervisor: asyncio.Task[None] | None = None
         self._done: asyncio.Future[None] | None = None
         self._drained: asyncio.Event | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._unwatch: Callable[[], None] | None = None
         self._warned_low_rdy = False
         self._throttle = LogThrottle(LOG_INTERVAL)
-        self._warned_unregistered = False
-        self._last_connect_error: NSQError | None = None
         self._telemetry = Telemetry(
             "consumer", tracer_provider=tracer_provider, meter_provider=meter_provider
         )
@@ -289,7 +281,6 @@ class Consumer:
         self._state = "starting"
         loop = asyncio.get_running_loop()
         self._loop = loop
-        self._wake = asyncio.Event()
         self._done = loop.create_future()
         self._drained = asyncio.Event()
         self._controller = RdyController(
@@ -306,24 +297,16 @@ class Consumer:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 workers, thread_name_prefix=f"smartnsq-{self.topic}"
             )
+        subscriber = self._subscriber
         try:
-            if self._lookup is not None:
-                await asyncio.wait_for(
-                    self._lookup.discover(), self.connection_config.connect_timeout
-                )
-                self._unwatch = self._lookup.watch(self.topic, "r", self._on_layout)
-            await self._reconcile()
-            if self._connecting:
-                await asyncio.wait(
-                    list(self._connecting.values()), timeout=self.connection_config.connect_timeout
-                )
+            await subscriber.start()
         except BaseException:
             await self._shutdown_now()
             raise
-        if self._fatal is None and self._nsqd and not self._subs:
+        if self._fatal is None and self._nsqd and not subscriber.subs:
             # Direct mode, like the Producer: at least one nsqd must accept before start()
             # returns; later losses are retried in the background.
-            self._fatal = self._last_connect_error or ConnectionClosedError(
+            self._fatal = subscriber.last_connect_error or ConnectionClosedError(
                 "no nsqd accepted the subscription", ", ".join(self._nsqd)
             )
         if self._fatal is not None:
@@ -332,9 +315,7 @@ class Consumer:
             await self._shutdown_now()
             raise error
         self._state = "started"
-        self._supervisor = loop.create_task(
-            self._supervise(), name=f"smartnsq-consumer-{self.topic}"
-        )
+        subscriber.supervise()
         return self
 
     async def join(self) -> None:
@@ -355,12 +336,7 @@ class Consumer:
             self._state = "closed"
             return
         self._state = "closing"
-        if self._supervisor is not None:
-            self._supervisor.cancel()
-        for task in list(self._connecting.values()):
-            task.cancel()
-        if self._unwatch is not None:
-            self._unwatch()
+        self._subscriber.stop()
         if self._controller is not None:
             self._apply(self._controller.set_max_in_flight(0))
         self._hand_back_waiting()
@@ -375,9 +351,10 @@ class Consumer:
     def _hand_back_waiting(self) -> None:
         """Closing: messages never handed out (behind an ordered partition's running
         handler, or not yet taken from the iterator) go back to nsqd now."""
-        waiting = [m for sub in self._subs.values() for m in sub.queue]
+        subs = self._subscriber.subs.values()
+        waiting = [m for sub in subs for m in sub.queue]
         waiting.extend(self._inbox)
-        for sub in self._subs.values():
+        for sub in subs:
             sub.queue.clear()
         self._inbox.clear()
         for message in waiting:
@@ -385,7 +362,7 @@ class Consumer:
 
     async def _send_cls(self) -> None:
         futures = []
-        for sub in list(self._subs.values()):
+        for sub in list(self._subscriber.subs.values()):
             if sub.conn.is_open:
                 try:
                     futures.append(sub.conn.request_future(commands.cls(), "CLS", timeout=2.0))
@@ -416,8 +393,8 @@ class Consumer:
 
     async def _shutdown_now(self) -> None:
         self._state = "closed"
-        if self._supervisor is not None:
-            self._supervisor.cancel()
+        subscriber = self._subscriber
+        subscriber.stop()
         if self._tick_handle is not None:
             self._tick_handle.cancel()
         # The task running this shutdown may be one of ours (_fail's close): never cancel
@@ -426,15 +403,9 @@ class Consumer:
         tasks = [t for t in self._tasks if not t.done() and t is not current]
         for task in tasks:
             task.cancel()
-        for task in list(self._connecting.values()):
-            task.cancel()
-        pending = [*tasks, *self._connecting.values()]
-        if self._supervisor is not None:
-            pending.append(self._supervisor)
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-        await asyncio.gather(*(sub.conn.close() for sub in list(self._subs.values())))
-        self._subs.clear()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        await subscriber.close()
         if self._lookup is not None and self._owns_lookup:
             await self._lookup.close()
         if self._executor is not None:
@@ -536,7 +507,7 @@ class Consumer:
             return
         if self._state not in ("started", "starting"):
             return
-        budget = max(1, sum(1 for sub in self._subs.values() if not sub.closing))
+        budget = max(1, sum(1 for sub in self._subscriber.subs.values() if not sub.closing))
         if budget != self._max_in_flight:
             self._max_in_flight = budget
             self._apply(self._controller.set_max_in_flight(budget))
@@ -545,7 +516,7 @@ class Consumer:
         """A snapshot of the counters since start (see :class:`ConsumerStats`); also after close."""
         snapshot = ConsumerStats(**self._stats.__dict__)
         snapshot.per_partition = dict(self._stats.per_partition)
-        snapshot.connections = sum(1 for s in self._subs.values() if s.conn.is_open)
+        snapshot.connections = self._subscriber.open_subscriptions()
         return snapshot
 
     def _apply(self, updates: list[tuple[Subscription, int]]) -> None:
@@ -576,222 +547,24 @@ class Consumer:
 
     # ------------------------------------------------------------------ discovery
 
-    def _on_layout(self, layout: TopicLayout) -> None:
-        self._wake_up()
+    # ------------------------------------------------------------------ subscriptions
 
-    async def _desired(self) -> set[_Key]:
-        if self._lookup is None:
-            return {(address, None) for address in self._nsqd}
-        try:
-            if self._force_refresh:
-                self._force_refresh = False
-                layout = await self._lookup.refresh(self.topic, "r")
-            else:
-                layout = await self._lookup.lookup(self.topic, "r")
-        except TopicNotFoundError:
-            self._topic_missing = True  # classic lookupd before the topic exists
-            self._warn_missing_topic()
-            return set()
-        missing = layout.empty and (layout.meta is None or not layout.meta.valid)
-        if missing:
-            self._warn_missing_topic()  # a youzan lookupd answers an unknown topic empty
-        elif self._topic_missing:
-            log.info("%s/%s: topic %r exists now", self.topic, self.channel, self.topic)
-        self._topic_missing = missing
-        self._check_layout(layout)
-        if layout.youzan and layout.partition_num:
-            self._wanted = self.partitions or frozenset(range(layout.partition_num))
-        keys: set[_Key] = set()
-        for partition, leader in layout.partitions.items():
-            if self.partitions is None or partition in self.partitions:
-                keys.add((leader.tcp_address, partition))
-        if self.partitions is None:
-            keys.update((node.tcp_address, None) for node in layout.classic_nodes)
-        return keys
+    @property
+    def _running(self) -> bool:
+        return self._state == "started"
 
-    def _check_layout(self, layout: TopicLayout) -> None:
-        self._extend_support = layout.extend_support if layout.youzan else None
-        meta = layout.meta
-        if meta is not None and meta.valid and not meta.disable_channel_auto_create:
-            self._warn_unregistered()
-        if layout.is_classic and self.ordered and layout.classic_nodes:
-            raise UnsupportedFeatureError("classic nsqd has no ordered consumption (SUB_ORDERED)")
-        if self.partitions is not None and layout.partition_num:
-            unknown = sorted(p for p in self.partitions if p >= layout.partition_num)
-            if unknown:
-                raise ValidationError(
-                    "partitions",
-                    f"topic {self.topic!r} has {layout.partition_num} partitions; "
-                    f"no partition {unknown}",
-                )
+    @property
+    def _stopping(self) -> bool:
+        return self._state in ("closing", "closed")
 
-    def _warn_missing_topic(self) -> None:
-        if self._topic_missing:
-            return  # said already
-        log.warning(
-            "%s/%s: topic %r does not exist (no nsqlookupd knows it): waiting for it to be "
-            "created; this consumer subscribes as soon as a lookup shows its partitions "
-            "(it looks again every few seconds)",
-            self.topic,
-            self.channel,
-            self.topic,
-        )
-
-    def _warn_unregistered(self) -> None:
-        """Once: the topic lets SUB create channels, so this one is not registered."""
-        if self._warned_unregistered or self.channel.endswith("#ephemeral"):
-            return
-        self._warned_unregistered = True
-        log.warning(
-            "%s/%s: channel %r is not registered: topic %r lets SUB create channels, so this "
-            "one lives on each partition's leader only until it has finished a message there. "
-            "If that leader fails over before, the new leader starts the channel afresh at the "
-            "topic's end: what is published until this consumer subscribes again is never "
-            "delivered to it. Register it: create the topic with its channels, e.g. smartnsq "
-            "topic create %s --partitions N --replicas R --channel %s (or "
-            "smartnsq.admin.Admin.create_topic(..., channels=[%r]))",
-            self.topic,
-            self.channel,
-            self.channel,
-            self.topic,
-            self.topic,
-            self.channel,
-            self.channel,
-        )
-
-    async def _reconcile(self) -> None:
-        try:
-            desired = await self._desired()
-        except (ValidationError, UnsupportedFeatureError) as exc:
-            self._fail(exc)
-            return
-        except NSQError as exc:
-            self._warn(("lookup",), "%s: lookup failed: %s", self.topic, exc)
-            return
-        loop = self._loop
-        if loop is None:
-            return
-        now = loop.time()
-        for key in desired:
-            if key in self._subs or key in self._connecting:
-                continue
-            if self._retry_at.get(key, 0.0) > now:
-                continue
-            task = loop.create_task(self._subscribe(key), name=f"smartnsq-connect-{key[0]}")
-            self._connecting[key] = task
-        for key, sub in list(self._subs.items()):
-            if key not in desired and not sub.closing:
-                # This node no longer leads the partition: stop its flow, let in-flight
-                # messages be answered, then close.
-                self._retire(sub)
-
-    async def _supervise(self) -> None:
-        loop = asyncio.get_running_loop()
-        wake = self._wake
-        if wake is None:
-            return
-        while self._state == "started":
-            wake.clear()
-            await self._reconcile()
-            now = loop.time()
-            waits = [t - now for t in self._retry_at.values() if t > now]
-            if self._unserved():
-                # A partition has no live subscription (its leader failed over, or is down):
-                # look up again soon, and keep looking until the lookup names its leader.
-                self._relookups += 1
-                waits.append(self.reconnect_backoff.delay(self._relookups))
-            elif self._topic_missing:
-                self._relookups += 1
-                waits.append(MISSING_TOPIC_BACKOFF.delay(self._relookups))
-            else:
-                self._relookups = 0
-            timeout = min([*waits, 30.0])
-            try:
-                await asyncio.wait_for(wake.wait(), max(timeout, 0.01))
-            except asyncio.TimeoutError:
-                if self._relookups:
-                    self._force_refresh = True
-
-    def _unserved(self) -> bool:
-        """Some wanted partition has no open subscription (and none is being opened)."""
-        wanted = self._wanted
-        if not wanted or self._lookup is None:
-            return False
-        served = {key[1] for key in self._connecting}
-        served.update(s.partition for s in self._subs.values() if s.conn.is_open)
-        return not wanted <= served
-
-    def _wake_up(self, *, refresh: bool = False) -> None:
-        """Make the supervisor reconcile now; ``refresh``: with the layout read again from
-        nsqlookupd rather than the lookup manager's cache."""
-        if refresh:
-            self._force_refresh = True
-        if self._wake is not None:
-            self._wake.set()
-
-    # ------------------------------------------------------------------ connections
-
-    def _subscribe_command(self, partition: int | None) -> tuple[bytes, str, bool]:
-        if partition is None:
-            return commands.sub(self.topic, self.channel), "SUB", False
-        if self.ordered:
-            return commands.sub_ordered(self.topic, self.channel, partition), "SUB_ORDERED", True
-        if self.start_position is not None:
-            cmd = commands.sub_advanced(self.topic, self.channel, partition, self.start_position)
-            return cmd, "SUB_ADVANCED", True
-        return commands.sub(self.topic, self.channel, partition), "SUB", False
-
-    async def _subscribe(self, key: _Key) -> None:
-        address, partition = key
-        conn = Connection(
-            address,
-            self.connection_config,
-            extend_support=self._extend_support if partition is not None else None,
-            desired_tag=self.desired_tag,
-            message_class=Message,
-            label=f"{address}/{self.topic}/{partition}",
-        )
-        sub = Subscription(self, key, conn)
-        conn.on_message = functools.partial(self._on_message, sub)
-        conn.on_error = self._on_server_error
-        conn.unsolicited_command = "FIN"
-        try:
-            await conn.connect()
-            command, name, detail = self._subscribe_command(partition)
-            if partition is None and not conn.youzan and self.start_position is not None:
-                raise UnsupportedFeatureError("classic nsqd has no SUB_ADVANCED start positions")
-            conn.layout = MessageLayout(conn.layout.binary_id, conn.layout.ext, detail)
-            answer = await conn.request(command, name)
-            if answer != OK:
-                raise NSQError(f"unexpected answer to {name}: {answer[:40]!r}")
-        except asyncio.CancelledError:
-            conn.abort()
-            raise
-        except NSQError as exc:
-            conn.abort()
-            self._connect_failed(key, exc)
-            return
-        finally:
-            self._connecting.pop(key, None)
-        if self._state in ("closing", "closed"):
-            await conn.close()
-            return
-        conn.on_close = functools.partial(self._on_close, sub)
-        if conn.closed:  # lost between SUB's answer and now
-            self._connect_failed(key, NSQError("connection closed after SUB"))
-            return
-        self._subs[key] = sub
-        self._failures.pop(key, None)
-        self._retry_at.pop(key, None)
+    def _attach(self, sub: Subscription) -> None:
+        """A new subscription gets its share of the flow."""
         self._stats.connects += 1
-        log.info(
-            "%s/%s: subscribed to %s partition %s", self.topic, self.channel, address, partition
-        )
         if self._controller is not None:
-            self._apply(self._controller.add_connection(sub, conn.max_rdy_count))
+            self._apply(self._controller.add_connection(sub, sub.conn.max_rdy_count))
             self._fit_budget()
             self._schedule_tick()
-        subscriptions = max(len(self._wanted), len(self._subs))
+        subscriptions = max(len(self._subscriber.wanted), len(self._subscriber.subs))
         low = not self._auto_budget and subscriptions > self._max_in_flight > 0
         if low and not self._warned_low_rdy:
             self._warned_low_rdy = True
@@ -805,43 +578,16 @@ class Consumer:
                 subscriptions,
             )
 
-    def _connect_failed(self, key: _Key, exc: NSQError) -> None:
-        self._last_connect_error = exc
-        if not is_retriable(exc) and isinstance(exc, ServerError):
-            # Misconfiguration (an ordered topic without ordered=True, an unregistered
-            # channel, bad credentials...): retrying cannot help.
-            self._fail(exc)
-            return
-        failures = self._count_failure(key, first_at_once=False)
-        self._warn(
-            ("subscribe", key[0]),
-            "%s: subscribing to %s failed (%s); retrying",
-            self.topic,
-            key[0],
-            exc,
-        )
-        # The layout may be stale (a moved leader): read it again from nsqlookupd when nsqd
-        # says so or when subscribing keeps failing.
-        self._wake_up(
-            refresh=self._lookup is not None and (needs_lookup_refresh(exc) or failures > 1)
-        )
-
-    def _count_failure(self, key: _Key, *, first_at_once: bool) -> int:
-        """One more failure in a row for ``key`` (reset once it subscribes): the next attempt
-        waits the reconnect backoff, except the first one with ``first_at_once``."""
-        failures = self._failures.get(key, 0) + 1
-        self._failures[key] = failures
-        if self._loop is not None and (failures > 1 or not first_at_once):
-            self._retry_at[key] = self._loop.time() + self.reconnect_backoff.delay(failures)
-        return failures
-
-    def _on_close(self, sub: Subscription, conn: Connection, exc: BaseException | None) -> None:
-        if self._subs.get(sub.key) is sub:
-            del self._subs[sub.key]
+    def _detach(self, sub: Subscription, *, lost: bool) -> None:
+        """``sub`` leaves the flow: retired (its in-flight messages are still answered) or
+        closed (nothing on it can be answered any more: nsqd redelivers)."""
         if self._controller is not None:
             self._apply(self._controller.remove_connection(sub))
             self._fit_budget()
-            self._schedule_tick()
+            if lost:
+                self._schedule_tick()
+        if not lost:
+            return
         if sub.queue:
             # ordered mode: messages waiting behind a running handler will be redelivered
             self._stats.in_flight -= len(sub.queue)
@@ -853,31 +599,8 @@ class Consumer:
             self._inbox = kept
         if self._state != "started" or sub.closing:
             self._check_drained()
-            return
-        self._stats.reconnects += 1
-        self._warn(
-            ("lost", sub.address), "%s: connection to %s lost: %s", self.topic, sub.address, exc
-        )
-        if isinstance(exc, ServerError) and not exc.retriable:
-            self._fail(exc)
-            return
-        # A connection that was working is retried at once; one that keeps dropping backs off.
-        self._count_failure(sub.key, first_at_once=True)
-        self._wake_up(refresh=self._lookup is not None)
-
-    def _retire(self, sub: Subscription) -> None:
-        sub.closing = True
-        if sub.conn.is_open:
-            sub.conn.send(commands.rdy(0))
-        if self._controller is not None:
-            self._apply(self._controller.remove_connection(sub))
-            self._fit_budget()
-        self._close_if_drained(sub)
-
-    def _close_if_drained(self, sub: Subscription) -> None:
-        """A retired subscription closes once its last in-flight message is answered."""
-        if sub.closing and sub.in_flight == 0:
-            self._spawn(sub.conn.close())
+        else:
+            self._stats.reconnects += 1
 
     def _on_server_error(self, conn: Connection, error: ServerError) -> None:
         # E_FIN_FAILED & co: the message timed out or was already answered; nsqd will
@@ -1133,7 +856,7 @@ class Consumer:
         )
         path = self.dead_letter_path
         if path is not None:
-            self._dead_letter(message, path)
+            write_dead_letter(message, path)
         callback = self.on_giving_up
         if callback is not None:
             try:
@@ -1159,26 +882,6 @@ class Consumer:
         self._answer(message, commands.fin(message.id), "neutral", "finished")
         if self.ordered:
             self._next_ordered(message._sub, message)
-
-    def _dead_letter(self, message: Message, path: Path) -> None:
-        record = {
-            "topic": message.topic,
-            "channel": message.channel,
-            "partition": message.partition,
-            "id": message.id.hex(),
-            "internal_id": message.internal_id,
-            "trace_id": message.trace_id,
-            "attempts": message.attempts,
-            "timestamp": message.timestamp,
-            "ext": message.ext,
-            "body": message.body.decode("utf-8", "backslashreplace"),
-            "given_up_at": time.time(),
-        }
-        try:
-            with path.open("a", encoding="utf-8") as out:
-                out.write(json.dumps(record) + "\n")
-        except OSError as exc:
-            log.error("%s: cannot write the dead-letter file %s: %s", self.topic, path, exc)
 
     # ------------------------------------------------------------------ answers
 
@@ -1252,7 +955,7 @@ class Consumer:
             self._after_answer(sub)
 
     def _after_answer(self, sub: Subscription) -> None:
-        self._close_if_drained(sub)
+        self._subscriber.close_if_drained(sub)
         if self._state == "closing":
             self._check_drained()
 

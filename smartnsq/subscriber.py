@@ -1,0 +1,450 @@
+"""Keeps a consumer subscribed: which (nsqd, partition) to subscribe to, and those
+subscriptions alive.
+
+:class:`Subscriber` reads the topic's layout from the lookup (or takes the classic nsqd
+addresses it was given), opens one :class:`~smartnsq.transport.connection.Connection` per
+(nsqd, partition) and sends SUB, SUB_ORDERED or SUB_ADVANCED; it retries what fails with the
+reconnect backoff, follows leaders that move (retiring the old subscription once its
+messages are answered), and while a wanted partition has no live subscription it looks up
+again every backoff step, so a partition is consumed again within about two seconds of its
+new leader taking writes. What arrives on a subscription, and the flow control, are its
+owner's (the Consumer): it tells the owner through :class:`SubscriberOwner`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Coroutine, Hashable
+from typing import Any, Protocol
+
+from smartnsq.errors import (
+    NSQError,
+    ServerError,
+    TopicNotFoundError,
+    UnsupportedFeatureError,
+    ValidationError,
+)
+from smartnsq.message import Answerer, Message, Subscription
+from smartnsq.protocol import commands
+from smartnsq.protocol.commands import StartPosition
+from smartnsq.protocol.lookupd import TopicLayout
+from smartnsq.protocol.message import MessageFrame, MessageLayout
+from smartnsq.protocol.responses import OK
+from smartnsq.retry import Backoff, is_retriable, needs_lookup_refresh
+from smartnsq.transport.connection import Connection, ConnectionConfig
+from smartnsq.transport.lookup import LookupManager
+
+__all__ = ["MISSING_TOPIC_BACKOFF", "Key", "Subscriber", "SubscriberOwner"]
+
+log = logging.getLogger("smartnsq.consumer")
+
+Key = tuple[str, "int | None"]  # (nsqd TCP address, partition; None on classic nsqd)
+# How often a consumer looks for a topic that does not exist yet.
+MISSING_TOPIC_BACKOFF = Backoff(initial=0.5, maximum=5.0)
+
+
+class SubscriberOwner(Answerer, Protocol):
+    """What the subscriber needs from the consumer it works for (private to the two)."""
+
+    @property
+    def _running(self) -> bool:
+        """Started and not closing: lost subscriptions are replaced."""
+
+    @property
+    def _stopping(self) -> bool:
+        """Closing or closed: nothing new is subscribed."""
+
+    def _on_message(self, sub: Subscription, conn: Connection, frame: MessageFrame) -> None:
+        """A message arrived on ``sub``."""
+
+    def _on_server_error(self, conn: Connection, error: ServerError) -> None:
+        """A non-fatal error frame (E_FIN_FAILED...)."""
+
+    def _attach(self, sub: Subscription) -> None:
+        """``sub`` is subscribed: give it its share of the flow."""
+
+    def _detach(self, sub: Subscription, *, lost: bool) -> None:
+        """``sub`` leaves the flow: retired (``lost`` False; its in-flight messages are still
+        answered) or its connection closed (``lost`` True)."""
+
+    def _fail(self, error: BaseException) -> None:
+        """A non-recoverable error (misconfiguration): the consumer stops."""
+
+    def _warn(self, key: Hashable, text: str, *args: object) -> None:
+        """A warning that may repeat (rate-limited)."""
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coro`` as one of the consumer's tasks."""
+
+
+class Subscriber:
+    """Subscribes ``owner`` to its topic's partitions (or classic nsqd) and keeps the
+    subscriptions alive. Give ``lookup`` or ``nsqd`` addresses, not both."""
+
+    def __init__(
+        self,
+        owner: SubscriberOwner,
+        *,
+        topic: str,
+        channel: str,
+        ordered: bool,
+        partitions: frozenset[int] | None,
+        start_position: StartPosition | None,
+        desired_tag: str | None,
+        connection_config: ConnectionConfig,
+        reconnect_backoff: Backoff,
+        lookup: LookupManager | None,
+        nsqd: list[str],
+    ) -> None:
+        self.owner = owner
+        self.topic = topic
+        self.channel = channel
+        self.ordered = ordered
+        self.partitions = partitions
+        self.start_position = start_position
+        self.desired_tag = desired_tag
+        self.connection_config = connection_config
+        self.reconnect_backoff = reconnect_backoff
+        self.lookup = lookup
+        self.nsqd = nsqd
+        self.subs: dict[Key, Subscription] = {}
+        self.connecting: dict[Key, asyncio.Task[None]] = {}
+        self.last_connect_error: NSQError | None = None
+        # youzan: the partitions wanted (from the lookup's partition_num); while one has no
+        # live subscription the supervisor looks up again every reconnect_backoff step
+        self.wanted: frozenset[int] = frozenset()
+        self._retry_at: dict[Key, float] = {}
+        self._failures: dict[Key, int] = {}
+        self._relookups = 0
+        self._topic_missing = False
+        self._force_refresh = False
+        self._extend_support: bool | None = None
+        self._warned_unregistered = False
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._unwatch: Any = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """The first subscriptions: returns once they are in place or failed (failures are
+        retried by :meth:`supervise`)."""
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        if self.lookup is not None:
+            await asyncio.wait_for(self.lookup.discover(), self.connection_config.connect_timeout)
+            self._unwatch = self.lookup.watch(self.topic, "r", self._on_layout)
+        await self._reconcile()
+        if self.connecting:
+            await asyncio.wait(
+                list(self.connecting.values()), timeout=self.connection_config.connect_timeout
+            )
+
+    def supervise(self) -> None:
+        """Keep the subscriptions alive in the background (after :meth:`start`)."""
+        loop = self._loop or asyncio.get_running_loop()
+        self._supervisor = loop.create_task(
+            self._supervise(), name=f"smartnsq-consumer-{self.topic}"
+        )
+
+    def stop(self) -> None:
+        """No more subscribing: the supervisor and the subscriptions being opened are
+        cancelled; the lookup stops telling about layout changes."""
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+        for task in list(self.connecting.values()):
+            task.cancel()
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
+
+    async def close(self) -> None:
+        """:meth:`stop`, wait for what it cancelled, and close every connection."""
+        self.stop()
+        pending = list(self.connecting.values())
+        if self._supervisor is not None:
+            pending.append(self._supervisor)
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.gather(*(sub.conn.close() for sub in list(self.subs.values())))
+        self.subs.clear()
+
+    def open_subscriptions(self) -> int:
+        return sum(1 for sub in self.subs.values() if sub.conn.is_open)
+
+    # ------------------------------------------------------------------ discovery
+
+    def _on_layout(self, layout: TopicLayout) -> None:
+        self.wake_up()
+
+    def wake_up(self, *, refresh: bool = False) -> None:
+        """Make the supervisor reconcile now; ``refresh``: with the layout read again from
+        nsqlookupd rather than the lookup manager's cache."""
+        if refresh:
+            self._force_refresh = True
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _desired(self) -> set[Key]:
+        if self.lookup is None:
+            return {(address, None) for address in self.nsqd}
+        try:
+            if self._force_refresh:
+                self._force_refresh = False
+                layout = await self.lookup.refresh(self.topic, "r")
+            else:
+                layout = await self.lookup.lookup(self.topic, "r")
+        except TopicNotFoundError:
+            self._warn_missing_topic()  # classic lookupd before the topic exists
+            self._topic_missing = True
+            return set()
+        missing = layout.empty and (layout.meta is None or not layout.meta.valid)
+        if missing:
+            self._warn_missing_topic()  # a youzan lookupd answers an unknown topic empty
+        elif self._topic_missing:
+            log.info("%s/%s: topic %r exists now", self.topic, self.channel, self.topic)
+        self._topic_missing = missing
+        self._check_layout(layout)
+        if layout.youzan and layout.partition_num:
+            self.wanted = self.partitions or frozenset(range(layout.partition_num))
+        keys: set[Key] = set()
+        for partition, leader in layout.partitions.items():
+            if self.partitions is None or partition in self.partitions:
+                keys.add((leader.tcp_address, partition))
+        if self.partitions is None:
+            keys.update((node.tcp_address, None) for node in layout.classic_nodes)
+        return keys
+
+    def _check_layout(self, layout: TopicLayout) -> None:
+        self._extend_support = layout.extend_support if layout.youzan else None
+        meta = layout.meta
+        if meta is not None and meta.valid and not meta.disable_channel_auto_create:
+            self._warn_unregistered()
+        if layout.is_classic and self.ordered and layout.classic_nodes:
+            raise UnsupportedFeatureError("classic nsqd has no ordered consumption (SUB_ORDERED)")
+        if self.partitions is not None and layout.partition_num:
+            unknown = sorted(p for p in self.partitions if p >= layout.partition_num)
+            if unknown:
+                raise ValidationError(
+                    "partitions",
+                    f"topic {self.topic!r} has {layout.partition_num} partitions; "
+                    f"no partition {unknown}",
+                )
+
+    def _warn_missing_topic(self) -> None:
+        if self._topic_missing:
+            return  # said already
+        log.warning(
+            "%s/%s: topic %r does not exist (no nsqlookupd knows it): waiting for it to be "
+            "created; this consumer subscribes as soon as a lookup shows its partitions "
+            "(it looks again every few seconds)",
+            self.topic,
+            self.channel,
+            self.topic,
+        )
+
+    def _warn_unregistered(self) -> None:
+        """Once: the topic lets SUB create channels, so this one is not registered."""
+        if self._warned_unregistered or self.channel.endswith("#ephemeral"):
+            return
+        self._warned_unregistered = True
+        log.warning(
+            "%s/%s: channel %r is not registered: topic %r lets SUB create channels, so this "
+            "one lives on each partition's leader only until it has finished a message there. "
+            "If that leader fails over before, the new leader starts the channel afresh at the "
+            "topic's end: what is published until this consumer subscribes again is never "
+            "delivered to it. Register it: create the topic with its channels, e.g. smartnsq "
+            "topic create %s --partitions N --replicas R --channel %s (or "
+            "smartnsq.admin.Admin.create_topic(..., channels=[%r]))",
+            self.topic,
+            self.channel,
+            self.channel,
+            self.topic,
+            self.topic,
+            self.channel,
+            self.channel,
+        )
+
+    async def _reconcile(self) -> None:
+        try:
+            desired = await self._desired()
+        except (ValidationError, UnsupportedFeatureError) as exc:
+            self.owner._fail(exc)
+            return
+        except NSQError as exc:
+            self.owner._warn(("lookup",), "%s: lookup failed: %s", self.topic, exc)
+            return
+        loop = self._loop
+        if loop is None:
+            return
+        now = loop.time()
+        for key in desired:
+            if key in self.subs or key in self.connecting:
+                continue
+            if self._retry_at.get(key, 0.0) > now:
+                continue
+            task = loop.create_task(self._subscribe(key), name=f"smartnsq-connect-{key[0]}")
+            self.connecting[key] = task
+        for key, sub in list(self.subs.items()):
+            if key not in desired and not sub.closing:
+                # This node no longer leads the partition: stop its flow, let in-flight
+                # messages be answered, then close.
+                self._retire(sub)
+
+    async def _supervise(self) -> None:
+        loop = asyncio.get_running_loop()
+        wake = self._wake
+        if wake is None:
+            return
+        while self.owner._running:
+            wake.clear()
+            await self._reconcile()
+            now = loop.time()
+            waits = [t - now for t in self._retry_at.values() if t > now]
+            if self._unserved():
+                # A partition has no live subscription (its leader failed over, or is down):
+                # look up again soon, and keep looking until the lookup names its leader.
+                self._relookups += 1
+                waits.append(self.reconnect_backoff.delay(self._relookups))
+            elif self._topic_missing:
+                self._relookups += 1
+                waits.append(MISSING_TOPIC_BACKOFF.delay(self._relookups))
+            else:
+                self._relookups = 0
+            timeout = min([*waits, 30.0])
+            try:
+                await asyncio.wait_for(wake.wait(), max(timeout, 0.01))
+            except asyncio.TimeoutError:
+                if self._relookups:
+                    self._force_refresh = True
+
+    def _unserved(self) -> bool:
+        """Some wanted partition has no open subscription (and none is being opened)."""
+        wanted = self.wanted
+        if not wanted or self.lookup is None:
+            return False
+        served = {key[1] for key in self.connecting}
+        served.update(s.partition for s in self.subs.values() if s.conn.is_open)
+        return not wanted <= served
+
+    # ------------------------------------------------------------------ subscriptions
+
+    def _subscribe_command(self, partition: int | None) -> tuple[bytes, str, bool]:
+        if partition is None:
+            return commands.sub(self.topic, self.channel), "SUB", False
+        if self.ordered:
+            return commands.sub_ordered(self.topic, self.channel, partition), "SUB_ORDERED", True
+        if self.start_position is not None:
+            cmd = commands.sub_advanced(self.topic, self.channel, partition, self.start_position)
+            return cmd, "SUB_ADVANCED", True
+        return commands.sub(self.topic, self.channel, partition), "SUB", False
+
+    async def _subscribe(self, key: Key) -> None:
+        address, partition = key
+        owner = self.owner
+        conn = Connection(
+            address,
+            self.connection_config,
+            extend_support=self._extend_support if partition is not None else None,
+            desired_tag=self.desired_tag,
+            message_class=Message,
+            label=f"{address}/{self.topic}/{partition}",
+        )
+        sub = Subscription(owner, key, conn)
+        conn.on_message = functools.partial(owner._on_message, sub)
+        conn.on_error = owner._on_server_error
+        conn.unsolicited_command = "FIN"
+        try:
+            await conn.connect()
+            command, name, detail = self._subscribe_command(partition)
+            if partition is None and not conn.youzan and self.start_position is not None:
+                raise UnsupportedFeatureError("classic nsqd has no SUB_ADVANCED start positions")
+            conn.layout = MessageLayout(conn.layout.binary_id, conn.layout.ext, detail)
+            answer = await conn.request(command, name)
+            if answer != OK:
+                raise NSQError(f"unexpected answer to {name}: {answer[:40]!r}")
+        except asyncio.CancelledError:
+            conn.abort()
+            raise
+        except NSQError as exc:
+            conn.abort()
+            self._connect_failed(key, exc)
+            return
+        finally:
+            self.connecting.pop(key, None)
+        if owner._stopping:
+            await conn.close()
+            return
+        conn.on_close = functools.partial(self._on_close, sub)
+        if conn.closed:  # lost between SUB's answer and now
+            self._connect_failed(key, NSQError("connection closed after SUB"))
+            return
+        self.subs[key] = sub
+        self._failures.pop(key, None)
+        self._retry_at.pop(key, None)
+        log.info(
+            "%s/%s: subscribed to %s partition %s", self.topic, self.channel, address, partition
+        )
+        owner._attach(sub)
+
+    def _connect_failed(self, key: Key, exc: NSQError) -> None:
+        self.last_connect_error = exc
+        if not is_retriable(exc) and isinstance(exc, ServerError):
+            # Misconfiguration (an ordered topic without ordered=True, an unregistered
+            # channel, bad credentials...): retrying cannot help.
+            self.owner._fail(exc)
+            return
+        failures = self._count_failure(key, first_at_once=False)
+        self.owner._warn(
+            ("subscribe", key[0]),
+            "%s: subscribing to %s failed (%s); retrying",
+            self.topic,
+            key[0],
+            exc,
+        )
+        # The layout may be stale (a moved leader): read it again from nsqlookupd when nsqd
+        # says so or when subscribing keeps failing.
+        self.wake_up(
+            refresh=self.lookup is not None and (needs_lookup_refresh(exc) or failures > 1)
+        )
+
+    def _count_failure(self, key: Key, *, first_at_once: bool) -> int:
+        """One more failure in a row for ``key`` (reset once it subscribes): the next attempt
+        waits the reconnect backoff, except the first one with ``first_at_once``."""
+        failures = self._failures.get(key, 0) + 1
+        self._failures[key] = failures
+        if self._loop is not None and (failures > 1 or not first_at_once):
+            self._retry_at[key] = self._loop.time() + self.reconnect_backoff.delay(failures)
+        return failures
+
+    def _on_close(self, sub: Subscription, conn: Connection, exc: BaseException | None) -> None:
+        if self.subs.get(sub.key) is sub:
+            del self.subs[sub.key]
+        owner = self.owner
+        owner._detach(sub, lost=True)
+        if not owner._running or sub.closing:
+            return
+        owner._warn(
+            ("lost", sub.address), "%s: connection to %s lost: %s", self.topic, sub.address, exc
+        )
+        if isinstance(exc, ServerError) and not exc.retriable:
+            owner._fail(exc)
+            return
+        # A connection that was working is retried at once; one that keeps dropping backs off.
+        self._count_failure(sub.key, first_at_once=True)
+        self.wake_up(refresh=self.lookup is not None)
+
+    def _retire(self, sub: Subscription) -> None:
+        sub.closing = True
+        if sub.conn.is_open:
+            sub.conn.send(commands.rdy(0))
+        self.owner._detach(sub, lost=False)
+        self.close_if_drained(sub)
+
+    def close_if_drained(self, sub: Subscription) -> None:
+        """A retired subscription closes once its last in-flight message is answered."""
+        if sub.closing and sub.in_flight == 0:
+            self.owner._spawn(sub.conn.close())
