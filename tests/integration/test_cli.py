@@ -288,8 +288,10 @@ async def test_pub_oversized_line_says_how_far_it_got(cluster: Cluster) -> None:
     result = await smartnsq("pub", "orders", "--lookupd", cluster.lookupd_url,
                             "--partition", "3", stdin=stdin)  # fmt: skip
     line = _one_error_line(result, 2)
-    assert line.startswith("smartnsq pub: error: body: is 1048577 bytes, over the maximum")
-    assert line.endswith("(1 message published before it)")
+    assert line == (
+        "smartnsq pub: error: stdin line 2 is over the maximum message size of 1048576 bytes "
+        "(1 message published before it)"
+    )
     assert _bodies(cluster, "orders", 3) == [b"first"]
 
 

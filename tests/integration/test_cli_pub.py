@@ -1,0 +1,271 @@
+"""``smartnsq pub`` reading a stdin that stays open (issue 13). Real subprocesses against
+the embedded cluster, as in test_cli.py (whose helpers these tests share)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import pty
+import signal
+import struct
+import termios
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from smartnsq.routing.sharding import Sharder
+from smartnsq.testing import Cluster
+from tests.integration.test_cli import (
+    SMARTNSQ,
+    SUMMARY,
+    Result,
+    _bodies,
+    _env,
+    _finish,
+    _one_error_line,
+    closed_port,
+    cluster,
+)
+
+__all__ = ["closed_port", "cluster"]  # fixtures, shared with test_cli.py
+
+# --------------------------------------------------------------------------- stdin left open
+
+
+class OpenStdin:
+    """``smartnsq pub ...`` whose stdin is a pipe this test writes to and keeps open, as
+    ``tail -f app.log | smartnsq pub`` does."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    async def write(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+        await self.proc.stdin.drain()
+
+    def unread(self) -> int:
+        """Bytes written to the pipe and not read by the command yet."""
+        assert self.proc.stdin is not None
+        pipe = self.proc.stdin.get_extra_info("pipe")
+        (count,) = struct.unpack("i", fcntl.ioctl(pipe.fileno(), termios.FIONREAD, b"\0" * 4))
+        return int(count)
+
+    async def finish(self, timeout: float = 20.0) -> Result:
+        """Wait for the command to end by itself: stdin stays open."""
+        return await _finish(self.proc, timeout)
+
+
+@contextlib.asynccontextmanager
+async def pub_open_stdin(*args: str) -> AsyncIterator[OpenStdin]:
+    proc = await asyncio.create_subprocess_exec(
+        *SMARTNSQ,
+        "pub",
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=_env(),
+    )
+    try:
+        yield OpenStdin(proc)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        if proc.stdin is not None:
+            proc.stdin.close()
+
+
+def _clean_exit(result: Result, code: int) -> None:
+    """Exit ``code``, no traceback, no interpreter abort (SIGABRT, "Fatal Python error")."""
+    assert result.rc == code, result
+    assert "Traceback" not in result.err, result.err
+    assert "Fatal Python error" not in result.err, result.err
+
+
+async def test_pub_error_with_stdin_open_exits_1(cluster: Cluster) -> None:
+    async with pub_open_stdin("nosuch", "--lookupd", cluster.lookupd_url) as pub:
+        await pub.write(b"1\n2\n3\n")
+        result = await pub.finish()
+    line = _one_error_line(result, 1)
+    assert line.startswith("smartnsq pub: error: topic 'nosuch' not found"), line
+
+
+async def test_pub_failure_mid_stream_with_stdin_open_exits_1() -> None:
+    async with Cluster(classic=True) as classic:
+        nsqd = classic.nsqd_addresses[0]
+        async with pub_open_stdin("events", "--nsqd", nsqd, "--timeout", "1") as pub:
+            await pub.write(b"a\nb\n")
+            await classic.wait_for(lambda: len(classic.messages("events")) == 2)
+            await classic.stop_node(0)
+            await pub.write(b"c\n")
+            result = await pub.finish()
+    line = _one_error_line(result, 1)
+    assert line.startswith("smartnsq pub: error: "), line
+    assert line.endswith("(2 messages published before it, through stdin line 2)"), line
+
+
+@pytest.mark.parametrize("address", ["--nsqd", "--lookupd"])
+async def test_pub_nothing_listening_with_stdin_open_exits_1(
+    closed_port: int, address: str
+) -> None:
+    target = f"127.0.0.1:{closed_port}"
+    async with pub_open_stdin("orders", address, target) as pub:
+        await pub.write(b"1\n")
+        result = await pub.finish()
+    _clean_exit(result, 1)
+    assert len(result.err_lines) == 1, result.err
+
+
+async def test_pub_oversized_line_mid_stream_with_stdin_open(cluster: Cluster) -> None:
+    args = ("orders", "--lookupd", cluster.lookupd_url, "--partition", "3")
+    async with pub_open_stdin(*args) as pub:
+        await pub.write(b"first\n" + b"x" * (1024 * 1024 + 1) + b"\nlast\n")
+        result = await pub.finish()
+    line = _one_error_line(result, 2)
+    assert line == (
+        "smartnsq pub: error: stdin line 2 is over the maximum message size of 1048576 bytes "
+        "(1 message published before it)"
+    )
+    assert _bodies(cluster, "orders", 3) == [b"first"]
+
+
+async def test_pub_oversized_line_without_newline_fails_before_reading_it_all(
+    cluster: Cluster,
+) -> None:
+    """A line longer than a message can be is refused as soon as it is, not buffered."""
+    args = ("orders", "--lookupd", cluster.lookupd_url, "--partition", "1")
+    async with pub_open_stdin(*args) as pub:
+        await pub.write(b"ok\n" + b"y" * (1024 * 1024 + 10))  # no newline, stdin open
+        result = await pub.finish()
+    line = _one_error_line(result, 2)
+    assert line.startswith("smartnsq pub: error: stdin line 2 is over the maximum"), line
+    assert _bodies(cluster, "orders", 1) == [b"ok"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+async def test_pub_signal_with_stdin_open_exits_130(
+    cluster: Cluster, signum: signal.Signals
+) -> None:
+    args = ("orders", "--lookupd", cluster.lookupd_url, "--partition", "0")
+    async with pub_open_stdin(*args) as pub:
+        await pub.write(b"a\nb\n")
+        await cluster.wait_for(lambda: len(_bodies(cluster, "orders", 0)) == 2)
+        pub.proc.send_signal(signum)
+        result = await pub.finish()
+    _clean_exit(result, 130)
+    summary, note = result.err_lines
+    match = SUMMARY.fullmatch(summary)
+    assert match is not None, summary
+    assert match.groups() == ("2", "orders")
+    assert note == "smartnsq pub: interrupted: stopped reading stdin after line 2"
+    assert _bodies(cluster, "orders", 0) == [b"a", b"b"]
+
+
+async def _publishing_slowly(cluster: Cluster, pub: OpenStdin, partition: int) -> None:
+    """``pub`` is connected, and from now on nsqd answers its publishes late."""
+    await pub.write(b"warm-up\n")
+    await cluster.wait_for(lambda: _bodies(cluster, "orders", partition) == [b"warm-up"])
+    leader = cluster.leader("orders", partition)
+    assert leader is not None
+    cluster.set_latency(leader, 1.0)
+
+
+PARTIAL = b"d, still without its newline"
+
+
+async def test_pub_first_signal_still_publishes_the_lines_read(cluster: Cluster) -> None:
+    """Lines taken from the pipe exist nowhere else: the first signal publishes them."""
+    args = ("orders", "--lookupd", cluster.lookupd_url, "--partition", "2")
+    async with pub_open_stdin(*args) as pub:
+        await _publishing_slowly(cluster, pub, 2)
+        await pub.write(b"a\n")  # answered late: meanwhile b and c are read
+        await cluster.wait_for(lambda: len(_bodies(cluster, "orders", 2)) == 2)
+        await pub.write(b"b\nc\n" + PARTIAL)
+        await cluster.wait_for(lambda: pub.unread() == 0)
+        pub.proc.send_signal(signal.SIGINT)
+        result = await pub.finish()
+    _clean_exit(result, 130)
+    assert _bodies(cluster, "orders", 2) == [b"warm-up", b"a", b"b", b"c"]
+    summary, note = result.err_lines
+    match = SUMMARY.fullmatch(summary)
+    assert match is not None, summary
+    assert match.group(1) == "4"
+    assert note == (
+        "smartnsq pub: interrupted: stopped reading stdin after line 4; the next line had "
+        f"no newline yet and was not published ({len(PARTIAL)} bytes read)"
+    )
+
+
+async def test_pub_second_signal_exits_at_once_saying_what_is_unpublished(
+    cluster: Cluster,
+) -> None:
+    args = ("orders", "--lookupd", cluster.lookupd_url, "--partition", "1", "--timeout", "60")
+    async with pub_open_stdin(*args) as pub:
+        await _publishing_slowly(cluster, pub, 1)
+        leader = cluster.leader("orders", 1)
+        assert leader is not None
+        cluster.set_latency(leader, 30.0)  # a hung publish
+        await pub.write(b"a\n")
+        await cluster.wait_for(lambda: len(_bodies(cluster, "orders", 1)) == 2)
+        await pub.write(b"b\n")
+        await cluster.wait_for(lambda: pub.unread() == 0)
+        pub.proc.send_signal(signal.SIGINT)  # stop reading, publish b after a...
+        pub.proc.send_signal(signal.SIGTERM)  # ...no: stop now
+        result = await pub.finish(timeout=10)
+        cluster.set_latency(leader, 0.0)
+    _clean_exit(result, 130)
+    assert result.err_lines == [
+        "smartnsq pub: interrupted: 1 message published; 2 lines read from stdin not "
+        "published (the last 1 sent may have arrived)"
+    ]
+
+
+async def test_pub_reads_a_regular_file_and_dev_null(cluster: Cluster, tmp_path: Path) -> None:
+    """Files the event loop cannot watch (regular files, /dev/null) are read directly."""
+    path = tmp_path / "lines.txt"
+    path.write_bytes(b"".join(b"line %d\n" % i for i in range(3000)))
+    for stdin_path, count in ((path, 3000), (Path(os.devnull), 0)):
+        with stdin_path.open("rb") as stdin:
+            proc = await asyncio.create_subprocess_exec(
+                *SMARTNSQ, "pub", "orders", "--lookupd", cluster.lookupd_url,
+                "--sharding-key", "file", stdin=stdin, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env=_env(),
+            )  # fmt: skip
+            result = await _finish(proc)
+        _clean_exit(result, 0)
+        match = SUMMARY.fullmatch(result.err.strip())
+        assert match is not None, result.err
+        assert match.group(1) == str(count)
+    partition = Sharder("java").partition_for("file", 4)
+    assert _bodies(cluster, "orders", partition) == [b"line %d" % i for i in range(3000)]
+
+
+@contextlib.contextmanager
+def _terminal() -> Iterator[tuple[int, int]]:
+    controller, terminal = pty.openpty()
+    try:
+        yield controller, terminal
+    finally:
+        os.close(controller)
+        os.close(terminal)
+
+
+async def test_pub_from_a_terminal_says_it_reads_stdin(cluster: Cluster) -> None:
+    with _terminal() as (controller, terminal):
+        proc = await asyncio.create_subprocess_exec(
+            *SMARTNSQ, "pub", "orders", "--lookupd", cluster.lookupd_url, "--partition", "0",
+            stdin=terminal, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env=_env(),
+        )  # fmt: skip
+        os.write(controller, b"typed\n\x04")  # a line, then Ctrl-D
+        result = await _finish(proc)
+    _clean_exit(result, 0)
+    hint, summary = result.err_lines
+    assert hint == "smartnsq pub: reading messages from stdin, one per line (Ctrl-D to end)"
+    assert SUMMARY.fullmatch(summary), summary
+    assert _bodies(cluster, "orders", 0) == [b"typed"]
