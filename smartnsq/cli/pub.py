@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import errno
 import os
+import re
 import signal
 import sys
 import time
@@ -28,8 +29,9 @@ from smartnsq.cli._common import (
 )
 from smartnsq.errors import NSQError, UnsupportedFeatureError, ValidationError
 from smartnsq.producer import Producer, PublishResult
+from smartnsq.routing.sharding import INT64_MAX, INT64_MIN, Sharder
 
-__all__ = ["register"]
+__all__ = ["parse_sharding_key", "register"]
 
 DEFAULT_BATCH = 500
 # Far below nsqd's MPUB limit (5 MiB by default): a batch is one request to one partition.
@@ -39,12 +41,23 @@ _READ_SIZE = 1 << 16
 _READ_AHEAD = 8 * 1024 * 1024
 EXIT_INTERRUPTED = 130
 
+# The canonical decimal form of an integer: what str(int) gives, ASCII digits only.
+_CANONICAL_INT = re.compile(r"-?(?:0|[1-9][0-9]*)\Z")
+_DECIMAL_INT = re.compile(r"[+-]?[0-9]+\Z")
+
 DESCRIPTION = """\
 Publish messages to TOPIC: each BODY argument is one message; without BODY arguments, each
 line of stdin is one message (the trailing newline removed), published as it arrives. An
 empty line is an error (NSQ messages cannot be empty). Stdin lines are sent in batches
 (MPUB); with --partition or --sharding-key every batch goes to that one partition, in input
 order.
+
+A sharding KEY that is an integer written the plain way (ASCII digits, an optional minus
+sign, no leading zeros) within the signed 64-bit range is an integer key, as an int
+sharding_key of the Python API or a Long key of the Java SDK; any other KEY is a string
+key. --key-type str or int decides instead: "42" and 42 may land on different partitions.
+--sharding chooses the rule: java (default, the youzan Java SDK's, also the Python API's
+default) or murmur3 (youzan go-nsq's).
 
 Prints a summary line on stderr at the end (progress once a second when stderr is a
 terminal). With --trace, stdout gets one line per message: partition, internal id, trace
@@ -77,8 +90,15 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--key-type",
-        choices=("str", "int"),
-        help="hash KEY as a string (default) or as an integer (Java Long.hashCode)",
+        choices=("auto", "int", "str"),
+        help="hash KEY as an integer (int: a Java Long) or a string (str); auto (default): "
+        "an integer if KEY is a plain decimal integer within 64 bits, else a string",
+    )
+    parser.add_argument(
+        "--sharding",
+        choices=("java", "murmur3"),
+        help="how KEY picks a partition: java (default, as the Java SDK and the Python API) "
+        "or murmur3 (as youzan go-nsq)",
     )
     parser.add_argument(
         "--trace",
@@ -110,17 +130,43 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run, more_positionals="bodies")
 
 
-def _sharding_key(args: argparse.Namespace) -> Any:
+def parse_sharding_key(text: str, key_type: str = "auto") -> int | str:
+    """The sharding key that ``--sharding-key TEXT --key-type KEY_TYPE`` stands for, as the
+    Python API takes it (``Producer.publish(..., sharding_key=...)``).
+
+    ``"auto"``: ``int`` when ``text`` is an integer in canonical decimal form (what ``str()``
+    of an int gives: ASCII digits, an optional ``-``, no leading zeros, not ``-0``) within
+    the signed 64-bit range, else ``str``; for murmur3 sharding the two hash the same bytes.
+    ``"int"``: any decimal integer (sign and leading zeros allowed); ``"str"``: ``text``.
+    Raises :class:`UsageError`.
+    """
+    if key_type == "str":
+        return text
+    if key_type == "int":
+        if not _DECIMAL_INT.match(text):
+            raise UsageError(f"--sharding-key {text!r} is not an integer (--key-type int)")
+        return int(text, 10)
+    if key_type != "auto":
+        raise UsageError(f"--key-type must be auto, int or str, not {key_type!r}")
+    if _CANONICAL_INT.match(text) and text != "-0":
+        value = int(text, 10)
+        if INT64_MIN <= value <= INT64_MAX:
+            return value
+    return text
+
+
+def _sharding_key(args: argparse.Namespace) -> int | str | None:
     if args.sharding_key is None:
-        if args.key_type is not None:
-            raise UsageError("--key-type needs --sharding-key")
+        for option, value in (("--key-type", args.key_type), ("--sharding", args.sharding)):
+            if value is not None:
+                raise UsageError(f"{option} needs --sharding-key")
         return None
-    if args.key_type == "int":
-        try:
-            return int(args.sharding_key, 10)
-        except ValueError:
-            raise UsageError(f"--sharding-key {args.sharding_key!r} is not an integer") from None
-    return args.sharding_key
+    key = parse_sharding_key(args.sharding_key, args.key_type or "auto")
+    try:
+        Sharder(args.sharding or "java").partition_for(key, 1)  # the API's own key check
+    except ValidationError as exc:
+        raise UsageError(f"--sharding-key {args.sharding_key!r}: {exc.reason}") from None
+    return key
 
 
 def _ext(values: Sequence[str] | None) -> dict[str, str] | None:
@@ -320,7 +366,7 @@ class _Publisher:
         args: argparse.Namespace,
         topic: str,
         target: Target,
-        key: Any,
+        key: int | str | None,
         ext: dict[str, str] | None,
     ) -> None:
         self.args = args
@@ -376,6 +422,7 @@ class _Publisher:
             nsqd=self.target.nsqd,
             trace=args.trace,
             publish_timeout=args.timeout,
+            sharding=args.sharding or "java",
         )
         try:
             with muted_logs(args.verbose):

@@ -1,22 +1,27 @@
-"""``smartnsq pub`` reading a stdin that stays open (issue 13). Real subprocesses against
-the embedded cluster, as in test_cli.py (whose helpers these tests share)."""
+"""``smartnsq pub`` reading a stdin that stays open, and sharding keys as the API takes
+them (issue 13). Real subprocesses against the embedded cluster, as in test_cli.py (whose
+helpers these tests share)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import fcntl
+import json
 import os
 import pty
 import signal
 import struct
+import sys
 import termios
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
-from smartnsq.routing.sharding import Sharder
+from smartnsq.producer import Producer
+from smartnsq.routing.sharding import INT64_MAX, INT64_MIN, Sharder
 from smartnsq.testing import Cluster
 from tests.integration.test_cli import (
     SMARTNSQ,
@@ -269,3 +274,107 @@ async def test_pub_from_a_terminal_says_it_reads_stdin(cluster: Cluster) -> None
     assert hint == "smartnsq pub: reading messages from stdin, one per line (Ctrl-D to end)"
     assert SUMMARY.fullmatch(summary), summary
     assert _bodies(cluster, "orders", 0) == [b"typed"]
+
+
+# --------------------------------------------------------------------------- sharding keys
+
+
+def _api_key(text: str) -> int | str:
+    """The key a Python program means by ``text``: an int if it is one written the plain way
+    and fits a Java long, else the string (the documented --key-type auto rule)."""
+    try:
+        value = int(text)
+    except ValueError:
+        return text
+    plain = str(value) == text and text.isascii()
+    return value if plain and INT64_MIN <= value <= INT64_MAX else text
+
+
+# Numbers (most small ones land elsewhere when hashed as text) and the edges of the rule:
+# signs, 64-bit bounds, leading zeros, other numerals, plain strings.
+EDGE_KEYS = [
+    "-1", "-123456789", str(INT64_MAX), str(INT64_MIN), str(INT64_MAX + 1),
+    str(INT64_MIN - 1), "007", "+5", "-0", "1e3", "0x1f", "١٢", " 7", "customer-7",
+]  # fmt: skip
+JAVA_KEYS = [str(k) for k in range(0, 1000, 41)] + EDGE_KEYS
+MURMUR3_KEYS = ["10", "999", "-1", "007", str(INT64_MAX + 1), "customer-7"]
+
+# The command's entry point, called once per argument list in one interpreter: the same
+# code as the `smartnsq` executable, without an interpreter start per key.
+RUNNER = """
+import json, sys
+from smartnsq.cli import main
+for argv in json.load(sys.stdin):
+    code = main(argv)
+    print(f"exit={code}", flush=True)
+"""
+
+Case = tuple[str, tuple[str, ...], int | str]  # CLI key, CLI options, the API's key
+
+
+async def _cli_partitions(cluster: Cluster, cases: list[Case]) -> list[int]:
+    """The partition ``smartnsq pub --trace --sharding-key KEY OPTIONS`` reports per case."""
+    runs = [
+        ["pub", "orders", "--lookupd", cluster.lookupd_url, "--trace", "-q",
+         "--sharding-key", key, *options, "--", f"case {number}"]
+        for number, (key, options, _) in enumerate(cases)
+    ]  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", RUNNER, stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=_env(),
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(json.dumps(runs).encode()), 60)
+    assert proc.returncode == 0, err.decode()
+    assert err == b"", err.decode()
+    lines = out.decode().splitlines()
+    assert len(lines) == 2 * len(cases), lines
+    partitions = []
+    for receipt, code in zip(lines[::2], lines[1::2], strict=True):
+        assert code == "exit=0", (receipt, code)
+        fields = dict(item.split("=", 1) for item in receipt.split(" "))
+        partitions.append(int(fields["partition"]))
+    return partitions
+
+
+async def _check_keys(
+    cluster: Cluster, strategy: Literal["java", "murmur3"], cases: list[Case]
+) -> None:
+    """The CLI's partition for each key is the Sharder's and the Producer's for the API
+    key, and the message is there."""
+    sharder = Sharder(strategy)
+    reported = await _cli_partitions(cluster, cases)
+    expected = [sharder.partition_for(api_key, 4) for _, _, api_key in cases]
+    async with Producer(lookupd=[cluster.lookupd_url], sharding=strategy) as producer:
+        api = [
+            (await producer.publish("orders", b"api", sharding_key=api_key)).partition
+            for _, _, api_key in cases
+        ]
+    keys = [(key, options) for key, options, _ in cases]
+    assert list(zip(keys, reported, strict=True)) == list(zip(keys, expected, strict=True))
+    assert api == expected
+    for number, partition in enumerate(reported):
+        assert f"case {number}".encode() in _bodies(cluster, "orders", partition)
+
+
+async def test_pub_sharding_key_lands_where_the_api_puts_it(cluster: Cluster) -> None:
+    sharder = Sharder("java")
+    differ = [
+        k for k in range(1000) if sharder.partition_for(k, 4) != sharder.partition_for(str(k), 4)
+    ]
+    assert len(differ) == 750  # issue 13: the type of a key decides its partition
+    cases: list[Case] = [(key, (), _api_key(key)) for key in JAVA_KEYS]
+    assert [_api_key(key) for key in EDGE_KEYS[:6]] == [
+        -1, -123456789, INT64_MAX, INT64_MIN, str(INT64_MAX + 1), str(INT64_MIN - 1)
+    ]  # fmt: skip
+    assert all(isinstance(_api_key(key), str) for key in EDGE_KEYS[6:])
+    # --key-type says what the key is, instead of the rule
+    cases += [("10", ("--key-type", "str"), "10"), ("007", ("--key-type", "int"), 7)]
+    cases += [("-0", ("--key-type", "int"), 0), ("10", ("--key-type", "int"), 10)]
+    cases += [("10", ("--sharding", "java"), 10)]
+    await _check_keys(cluster, "java", cases)
+
+
+async def test_pub_murmur3_sharding_key(cluster: Cluster) -> None:
+    cases: list[Case] = [(key, ("--sharding", "murmur3"), _api_key(key)) for key in MURMUR3_KEYS]
+    cases.append(("007", ("--sharding", "murmur3", "--key-type", "int"), 7))
+    await _check_keys(cluster, "murmur3", cases)
