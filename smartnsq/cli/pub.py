@@ -48,9 +48,9 @@ _DECIMAL_INT = re.compile(r"[+-]?[0-9]+\Z")
 DESCRIPTION = """\
 Publish messages to TOPIC: each BODY argument is one message; without BODY arguments, each
 line of stdin is one message (the trailing newline removed), published as it arrives. An
-empty line is an error (NSQ messages cannot be empty). Stdin lines are sent in batches
-(MPUB); with --partition or --sharding-key every batch goes to that one partition, in input
-order.
+empty line is an error (NSQ messages cannot be empty) unless --skip-empty. Stdin lines are
+sent in batches (MPUB); with --partition or --sharding-key every batch goes to that one
+partition, in input order.
 
 A sharding KEY that is an integer written the plain way (ASCII digits, an optional minus
 sign, no leading zeros) within the signed 64-bit range is an integer key, as an int
@@ -79,7 +79,14 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("topic", metavar="TOPIC")
-    parser.add_argument("bodies", nargs="*", metavar="BODY", help="message bodies")
+    # default=[]: argparse lists a nargs="*" positional without a default as required.
+    parser.add_argument(
+        "bodies",
+        nargs="*",
+        default=[],
+        metavar="BODY",
+        help="message bodies (none: one message per stdin line)",
+    )
     add_connection_options(parser)
     routing = parser.add_mutually_exclusive_group()
     routing.add_argument("--partition", type=int, metavar="N", help="publish to partition N")
@@ -110,6 +117,11 @@ def register(subparsers: Any) -> None:
         action="append",
         metavar="KEY=VALUE",
         help="an ext header field for every message (ext topics); repeatable",
+    )
+    parser.add_argument(
+        "--skip-empty",
+        action="store_true",
+        help="skip empty stdin lines (default: an empty line is an error)",
     )
     parser.add_argument(
         "--batch-size",
@@ -375,7 +387,8 @@ class _Publisher:
         self.key = key
         self.ext = ext
         self.published = 0
-        self.lines_done = 0  # stdin lines published
+        self.skipped = 0  # empty stdin lines skipped (--skip-empty)
+        self.lines_done = 0  # stdin lines published or skipped
         self.sending = 0  # messages of the publish being awaited
         self.total: int | None = None  # BODY arguments
         self.reader: _StdinLines | None = None
@@ -461,9 +474,10 @@ class _Publisher:
                 file=sys.stderr,
             )
         if not args.quiet:
+            skipped = f", {plural(self.skipped, 'empty line')} skipped" if self.skipped else ""
             print(
                 f"published {plural(self.published, 'message')} to {self.topic} in "
-                f"{elapsed:.2f} s ({self.published / elapsed:.0f} msg/s)",
+                f"{elapsed:.2f} s ({self.published / elapsed:.0f} msg/s){skipped}",
                 file=sys.stderr,
             )
         if self.interrupted:
@@ -484,7 +498,7 @@ class _Publisher:
         text = f"{done} published"
         reader = self.reader
         if reader is not None:
-            unpublished = reader.read_lines - self.published
+            unpublished = reader.read_lines - self.published - self.skipped
             if unpublished:
                 text += f"; {plural(unpublished, 'line')} read from stdin not published"
         if self.sending:
@@ -535,11 +549,17 @@ class _Publisher:
             while pending and len(batch) < limit:
                 body = pending[0]
                 if not body:
+                    if self.args.skip_empty:
+                        pending.popleft()
+                        self.skipped += 1
+                        self.lines_done += 1
+                        continue
                     if batch:
                         break  # publish what precedes the empty line first
                     raise UsageError(
                         f"stdin line {self.lines_done + 1} is empty: NSQ messages cannot be "
-                        f"empty ({plural(self.published, 'message')} published before it)"
+                        f"empty ({plural(self.published, 'message')} published before it; "
+                        "--skip-empty skips empty lines)"
                     )
                 if batch and size + len(body) + 4 > MAX_BATCH_BYTES:
                     break

@@ -278,7 +278,7 @@ async def test_pub_empty_line_is_an_error_after_the_lines_before_it(cluster: Clu
     line = _one_error_line(result, 2)
     assert line == (
         "smartnsq pub: error: stdin line 3 is empty: NSQ messages cannot be empty "
-        "(2 messages published before it)"
+        "(2 messages published before it; --skip-empty skips empty lines)"
     )
     assert _bodies(cluster, "orders", 0) == [b"a", b"b"]
 

@@ -1,6 +1,6 @@
-"""``smartnsq pub`` reading a stdin that stays open, and sharding keys as the API takes
-them (issue 13). Real subprocesses against the embedded cluster, as in test_cli.py (whose
-helpers these tests share)."""
+"""``smartnsq pub`` reading a stdin that stays open, sharding keys as the API takes them,
+and empty lines (issue 13). Real subprocesses against the embedded cluster, as in
+test_cli.py (whose helpers these tests share)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from tests.integration.test_cli import (
     _one_error_line,
     closed_port,
     cluster,
+    smartnsq,
 )
 
 __all__ = ["closed_port", "cluster"]  # fixtures, shared with test_cli.py
@@ -378,3 +379,27 @@ async def test_pub_murmur3_sharding_key(cluster: Cluster) -> None:
     cases: list[Case] = [(key, ("--sharding", "murmur3"), _api_key(key)) for key in MURMUR3_KEYS]
     cases.append(("007", ("--sharding", "murmur3", "--key-type", "int"), 7))
     await _check_keys(cluster, "murmur3", cases)
+
+
+# --------------------------------------------------------------------------- empty lines
+
+
+async def test_pub_skip_empty(cluster: Cluster) -> None:
+    result = await smartnsq("pub", "orders", "--lookupd", cluster.lookupd_url, "--partition",
+                            "0", "--skip-empty", stdin=b"\na\n\nb\n\n\nc")  # fmt: skip
+    assert result.rc == 0, result
+    assert _bodies(cluster, "orders", 0) == [b"a", b"b", b"c"]
+    assert result.err.startswith("published 3 messages to orders in ")
+    assert result.err.endswith(" msg/s), 4 empty lines skipped\n")
+
+
+async def test_pub_empty_line_error_names_its_line_after_whole_batches(cluster: Cluster) -> None:
+    """The lines before the empty one are published first (here in batches of 2)."""
+    result = await smartnsq("pub", "orders", "--lookupd", cluster.lookupd_url, "--partition",
+                            "2", "--batch-size", "2", stdin=b"a\nb\nc\n\nd\n")  # fmt: skip
+    line = _one_error_line(result, 2)
+    assert line == (
+        "smartnsq pub: error: stdin line 4 is empty: NSQ messages cannot be empty "
+        "(3 messages published before it; --skip-empty skips empty lines)"
+    )
+    assert _bodies(cluster, "orders", 2) == [b"a", b"b", b"c"]

@@ -222,3 +222,22 @@ def test_pub_key_options_are_checked_before_connecting(
     assert main(["pub", "orders", "--nsqd", "127.0.0.1:1", *options, "x"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"smartnsq pub: error: {expected}"), line
+
+
+def test_pub_without_arguments_asks_for_the_topic_only(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """BODY is optional (stdin is read without it): only TOPIC is required."""
+    with pytest.raises(SystemExit) as exited:
+        main(["pub"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == (
+        "smartnsq pub: error: the following arguments are required: TOPIC "
+        "(see 'smartnsq pub --help')\n"
+    )
+    with pytest.raises(SystemExit):
+        main(["pub", "--help"])
+    usage = " ".join(capsys.readouterr().out.split())
+    assert "TOPIC [BODY ...]" in usage
+    assert "BODY message bodies (none: one message per stdin line)" in usage
+    assert "--skip-empty" in usage
