@@ -53,6 +53,14 @@ class OpenStdin:
         self.proc.stdin.write(data)
         await self.proc.stdin.drain()
 
+    async def receipts(self, count: int) -> list[str]:
+        """The next ``count`` trace receipt lines (--trace): messages the command has seen
+        confirmed, not only stored by nsqd."""
+        assert self.proc.stdout is not None
+        lines = [await asyncio.wait_for(self.proc.stdout.readline(), 20) for _ in range(count)]
+        assert all(line.startswith(b"partition=") for line in lines), lines
+        return [line.decode() for line in lines]
+
     def unread(self) -> int:
         """Bytes written to the pipe and not read by the command yet."""
         assert self.proc.stdin is not None
@@ -104,9 +112,10 @@ async def test_pub_error_with_stdin_open_exits_1(cluster: Cluster) -> None:
 async def test_pub_failure_mid_stream_with_stdin_open_exits_1() -> None:
     async with Cluster(classic=True) as classic:
         nsqd = classic.nsqd_addresses[0]
-        async with pub_open_stdin("events", "--nsqd", nsqd, "--timeout", "1") as pub:
+        args = ("events", "--nsqd", nsqd, "--timeout", "1", "--trace")
+        async with pub_open_stdin(*args) as pub:
             await pub.write(b"a\nb\n")
-            await classic.wait_for(lambda: len(classic.messages("events")) == 2)
+            await pub.receipts(2)  # classic nsqd: "partition=- ...", once confirmed
             await classic.stop_node(0)
             await pub.write(b"c\n")
             result = await pub.finish()
@@ -172,13 +181,17 @@ async def test_pub_signal_with_stdin_open_exits_130(
     assert _bodies(cluster, "orders", 0) == [b"a", b"b"]
 
 
-async def _publishing_slowly(cluster: Cluster, pub: OpenStdin, partition: int) -> None:
-    """``pub`` is connected, and from now on nsqd answers its publishes late."""
+async def _publishing_slowly(
+    cluster: Cluster, pub: OpenStdin, partition: int, latency: float
+) -> int:
+    """``pub`` (with --trace) is connected, and from now on the partition's leader (its
+    index, returned) answers ``latency`` seconds late."""
     await pub.write(b"warm-up\n")
-    await cluster.wait_for(lambda: _bodies(cluster, "orders", partition) == [b"warm-up"])
+    await pub.receipts(1)
     leader = cluster.leader("orders", partition)
     assert leader is not None
-    cluster.set_latency(leader, 1.0)
+    cluster.set_latency(leader, latency)
+    return leader
 
 
 PARTIAL = b"d, still without its newline"
@@ -186,9 +199,9 @@ PARTIAL = b"d, still without its newline"
 
 async def test_pub_first_signal_still_publishes_the_lines_read(cluster: Cluster) -> None:
     """Lines taken from the pipe exist nowhere else: the first signal publishes them."""
-    args = ("orders", "--lookupd", cluster.lookupd_url, "--partition", "2")
+    args = ("orders", "--lookupd", cluster.lookupd_url, "--partition", "2", "--trace")
     async with pub_open_stdin(*args) as pub:
-        await _publishing_slowly(cluster, pub, 2)
+        await _publishing_slowly(cluster, pub, 2, 1.0)
         await pub.write(b"a\n")  # answered late: meanwhile b and c are read
         await cluster.wait_for(lambda: len(_bodies(cluster, "orders", 2)) == 2)
         await pub.write(b"b\nc\n" + PARTIAL)
@@ -197,6 +210,7 @@ async def test_pub_first_signal_still_publishes_the_lines_read(cluster: Cluster)
         result = await pub.finish()
     _clean_exit(result, 130)
     assert _bodies(cluster, "orders", 2) == [b"warm-up", b"a", b"b", b"c"]
+    assert len(result.out.splitlines()) == 3  # the receipts of a, b and c
     summary, note = result.err_lines
     match = SUMMARY.fullmatch(summary)
     assert match is not None, summary
@@ -211,11 +225,8 @@ async def test_pub_second_signal_exits_at_once_saying_what_is_unpublished(
     cluster: Cluster,
 ) -> None:
     args = ("orders", "--lookupd", cluster.lookupd_url, "--partition", "1", "--timeout", "60")
-    async with pub_open_stdin(*args) as pub:
-        await _publishing_slowly(cluster, pub, 1)
-        leader = cluster.leader("orders", 1)
-        assert leader is not None
-        cluster.set_latency(leader, 30.0)  # a hung publish
+    async with pub_open_stdin(*args, "--trace") as pub:
+        leader = await _publishing_slowly(cluster, pub, 1, 30.0)  # a hung publish
         await pub.write(b"a\n")
         await cluster.wait_for(lambda: len(_bodies(cluster, "orders", 1)) == 2)
         await pub.write(b"b\n")
@@ -225,6 +236,7 @@ async def test_pub_second_signal_exits_at_once_saying_what_is_unpublished(
         result = await pub.finish(timeout=10)
         cluster.set_latency(leader, 0.0)
     _clean_exit(result, 130)
+    assert result.out == ""  # a was never confirmed
     assert result.err_lines == [
         "smartnsq pub: interrupted: 1 message published; 2 lines read from stdin not "
         "published (the last 1 sent may have arrived)"
