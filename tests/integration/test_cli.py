@@ -278,7 +278,7 @@ async def test_pub_empty_line_is_an_error_after_the_lines_before_it(cluster: Clu
     line = _one_error_line(result, 2)
     assert line == (
         "smartnsq pub: error: stdin line 3 is empty: NSQ messages cannot be empty "
-        "(2 messages published before it)"
+        "(2 messages published before it; --skip-empty skips empty lines)"
     )
     assert _bodies(cluster, "orders", 0) == [b"a", b"b"]
 
@@ -288,8 +288,10 @@ async def test_pub_oversized_line_says_how_far_it_got(cluster: Cluster) -> None:
     result = await smartnsq("pub", "orders", "--lookupd", cluster.lookupd_url,
                             "--partition", "3", stdin=stdin)  # fmt: skip
     line = _one_error_line(result, 2)
-    assert line.startswith("smartnsq pub: error: body: is 1048577 bytes, over the maximum")
-    assert line.endswith("(1 message published before it)")
+    assert line == (
+        "smartnsq pub: error: stdin line 2 is over the maximum message size of 1048576 bytes "
+        "(1 message published before it)"
+    )
     assert _bodies(cluster, "orders", 3) == [b"first"]
 
 

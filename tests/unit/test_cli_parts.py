@@ -8,13 +8,15 @@ import io
 import json
 from collections import Counter
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
-from smartnsq.cli import _positionals, main
+from smartnsq.cli import UsageError, _positionals, main
 from smartnsq.cli._common import Progress, dash, table
 from smartnsq.cli.demo import _Checker, _events, _trace_sample
+from smartnsq.cli.pub import parse_sharding_key
+from smartnsq.routing.sharding import INT64_MAX, INT64_MIN, Sharder
 
 
 class FakeClock:
@@ -162,3 +164,80 @@ def test_readme_first_setup_command_runs_the_demo() -> None:
     setup = readme.split("## Set up on a fresh machine", 1)[1]
     first = setup.split("```sh\n", 1)[1].split("\n", 1)[0]
     assert first.endswith("&& .venv/bin/smartnsq demo")
+
+
+# --------------------------------------------------------------------------- pub keys
+
+
+@pytest.mark.parametrize("strategy", ["java", "murmur3"])
+def test_decimal_keys_are_the_api_int_keys(strategy: Literal["java", "murmur3"]) -> None:
+    """--sharding-key 10 goes where sharding_key=10 goes (issue 13: it went where "10" goes,
+    a different partition for 750 of the keys 0-999 with java sharding)."""
+    sharder = Sharder(strategy)
+    for number in [*range(-1000, 1000), INT64_MIN, INT64_MAX, 2**31, -(2**31) - 1]:
+        key = parse_sharding_key(str(number))
+        assert type(key) is int
+        assert key == number
+        for partitions in (1, 3, 4, 16):
+            assert sharder.partition_for(key, partitions) == sharder.partition_for(
+                number, partitions
+            )
+
+
+def test_keys_that_are_not_plain_64_bit_integers_are_strings() -> None:
+    for text in [
+        str(INT64_MAX + 1), str(INT64_MIN - 1), "007", "00", "+5", "-0", "1e3", "0x1f",
+        "1_000", " 7", "7 ", "7\n", "١٢", "²", "", "-", "customer-7", "10.0",
+    ]:  # fmt: skip
+        assert parse_sharding_key(text) == text, text
+
+
+def test_key_type_forces_the_key_type() -> None:
+    assert parse_sharding_key("10", "str") == "10"
+    assert parse_sharding_key("10", "int") == 10
+    assert parse_sharding_key("007", "int") == 7
+    assert parse_sharding_key("+5", "int") == 5
+    assert parse_sharding_key("-0", "int") == 0
+    assert parse_sharding_key(str(INT64_MAX + 1), "int") == INT64_MAX + 1  # murmur3 takes it
+    for text in ["1_000", "١٢", " 7", "0x1f", "", "k"]:
+        with pytest.raises(UsageError, match="is not an integer"):
+            parse_sharding_key(text, "int")
+
+
+PUB_MISTAKES = [
+    (["--sharding-key", str(INT64_MAX + 1), "--key-type", "int"],
+     f"--sharding-key '{INT64_MAX + 1}': {INT64_MAX + 1} is outside the signed 64-bit range"),
+    (["--sharding-key", "1_000", "--key-type", "int"],
+     "--sharding-key '1_000' is not an integer (--key-type int)"),
+    (["--key-type", "str"], "--key-type needs --sharding-key"),
+    (["--sharding", "murmur3"], "--sharding needs --sharding-key"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("options", "expected"), PUB_MISTAKES)
+def test_pub_key_options_are_checked_before_connecting(
+    capsys: pytest.CaptureFixture[str], options: list[str], expected: str
+) -> None:
+    # Nothing listens on port 1: exit 2 means it stopped before connecting.
+    assert main(["pub", "orders", "--nsqd", "127.0.0.1:1", *options, "x"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"smartnsq pub: error: {expected}"), line
+
+
+def test_pub_without_arguments_asks_for_the_topic_only(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """BODY is optional (stdin is read without it): only TOPIC is required."""
+    with pytest.raises(SystemExit) as exited:
+        main(["pub"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == (
+        "smartnsq pub: error: the following arguments are required: TOPIC "
+        "(see 'smartnsq pub --help')\n"
+    )
+    with pytest.raises(SystemExit):
+        main(["pub", "--help"])
+    usage = " ".join(capsys.readouterr().out.split())
+    assert "TOPIC [BODY ...]" in usage
+    assert "BODY message bodies (none: one message per stdin line)" in usage
+    assert "--skip-empty" in usage

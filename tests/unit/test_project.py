@@ -4,6 +4,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -56,3 +58,34 @@ def test_the_embedded_cluster_uses_nothing_of_the_client() -> None:
     for path in sorted((ROOT / "smartnsq" / "protocol").glob("*.py")):
         io = {m for m in _imported_modules(path) if m.split(".")[0] in ("asyncio", "socket")}
         assert not io, f"{path.name} imports {io}"
+
+
+def test_package_metadata_names_its_authors_links_and_audience() -> None:
+    """What PyPI shows: authors, the project's links (one repository), and classifiers
+    that agree with requires-python and the package itself."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["authors"] == [{"name": "smartnsq developers"}]
+    urls = project["urls"]
+    assert set(urls) == {"Homepage", "Documentation", "Source", "Issues"}
+    repository = urls["Source"]
+    assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", repository)
+    assert urls["Homepage"] == repository
+    assert urls["Issues"] == f"{repository}/issues"
+    assert urls["Documentation"].startswith(f"{repository}/")
+    assert project["keywords"]
+    assert "nsq" in project["keywords"]
+    classifiers = project["classifiers"]
+    assert len(set(classifiers)) == len(classifiers)
+    # PEP 639: the SPDX `license` field replaces license classifiers (setuptools refuses both)
+    assert not [c for c in classifiers if c.startswith("License ::")]
+    assert ("Typing :: Typed" in classifiers) == (ROOT / "smartnsq" / "py.typed").exists()
+    lowest = re.fullmatch(r">=3\.(\d+)", project["requires-python"])
+    assert lowest is not None
+    minors = sorted(
+        int(c.rsplit(".", 1)[1])
+        for c in classifiers
+        if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
+    )
+    assert minors[0] == int(lowest.group(1))
+    assert minors == list(range(minors[0], minors[-1] + 1))  # no gap
