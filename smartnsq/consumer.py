@@ -916,8 +916,8 @@ class Consumer:
             updates = controller.on_done(sub, outcome)
             if updates:
                 self._apply(updates)
-            if outcome == "failure":
-                self._schedule_tick()
+            if updates or outcome == "failure":
+                self._schedule_tick()  # a backoff window opened or ended: new deadline
         if self.ordered and self.handler is None:
             # Iterating: answering is the end of the message's turn (a handler's turn ends
             # when the handler returns, whatever it answered meanwhile).
@@ -949,8 +949,9 @@ class Consumer:
         controller = self._controller
         if controller is not None:
             updates = controller.on_done(sub, "success")
-            if updates:
+            if updates:  # rare: the success counted for the backoff
                 self._apply(updates)
+                self._schedule_tick()
         if (sub.closing and sub.in_flight == 0) or self._state == "closing":
             self._after_answer(sub)
 

@@ -11,13 +11,23 @@ Client Libraries* guide):
   its first message;
 * with fewer budget units than connections, the ``RDY 1`` slots rotate so that every
   connection is eventually served;
-* after handler failures the flow stops (``RDY 0``) for a backoff window, then one connection
-  "tests the waters" with ``RDY 1``; one result counts per window.
+* after handler failures the flow stops (``RDY 0``) for a backoff window, then the consumer
+  "tests the waters": every connection the budget allows gets ``RDY 1``, and the first one
+  to deliver keeps it while the others go back to ``RDY 0``, so one message probes the
+  handler and an idle partition never delays the test. The first result after the window
+  counts: a failure opens the next, longer window; a success lowers the level, ending the
+  backoff at level 0 or opening the next, shorter window. Answers arriving while a window
+  is open do not count. A probe left unanswered for ``low_rdy_idle_timeout`` (a handler
+  that hangs) opens the test to the other connections again, as go-nsq's rotation would.
 
 The consumer reports events (``add_connection``, ``on_message``, ``on_done``...) and writes the
 ``(key, count)`` pairs each call returns, in order: decreases always come before increases,
 so the budget holds while they are written. It calls :meth:`RdyController.tick` once
-``clock() >= next_deadline()``.
+``clock() >= next_deadline()``, and reads ``next_deadline()`` again after ``tick``,
+``add_connection``, ``remove_connection``, ``set_max_in_flight`` and every ``on_done`` that
+returns updates: an ``on_done`` that changes the backoff state returns at least one update
+(re-sending an unchanged count if need be) unless no connection may receive messages, and
+``on_message`` never brings the deadline closer.
 """
 
 from __future__ import annotations
@@ -108,10 +118,9 @@ class RdyController(Generic[K]):
         "_max_in_flight",
         "_max_level",
         "_next_order",
+        "_probe",
         "_rand",
         "_starved",
-        "_test_after",
-        "_test_key",
         "_test_since",
         "_testing",
         "_total_rdy",
@@ -149,13 +158,13 @@ class RdyController(Generic[K]):
         self._starved = 0  # connections for which is_starved() holds
         # Backoff: level > 0 means backing off. While a window is open (_window_end set)
         # every connection is at RDY 0 and outcomes do not count; once it has ended
-        # (_testing), one connection (_test_key) holds RDY 1 and the next outcome counts.
+        # (_testing), the connections wait at RDY 1 until one delivers (_probe), which alone
+        # keeps its RDY 1; the next success or failure counts.
         self._level = 0
         self._window_end: float | None = None
         self._testing = False
-        self._test_key: K | None = None
-        self._test_after = -1  # insertion rank of the previous tester
-        self._test_since = 0.0  # when the current tester got its RDY 1
+        self._probe: _Conn[K] | None = None
+        self._test_since = 0.0  # when the test (re)opened or the probe arrived
 
     # ------------------------------------------------------------------ introspection
 
@@ -172,7 +181,7 @@ class RdyController(Generic[K]):
 
     def backoff_window_open(self) -> bool:
         """In backoff with every connection at RDY 0 (outcomes do not count); False while
-        one connection tests the waters."""
+        the consumer tests the waters."""
         return self._window_end is not None
 
     def keys(self) -> list[K]:
@@ -200,15 +209,11 @@ class RdyController(Generic[K]):
 
     def next_deadline(self) -> float | None:
         """When :meth:`tick` has work to do (a ``clock()`` value), or ``None``."""
-        if self._level:
-            if self._window_end is not None:
-                return self._window_end
-            tester = self._conns.get(self._test_key) if self._test_key is not None else None
-            if tester is None or len(self._conns) < 2:
-                return None
-            # A tester whose partition has nothing to deliver would block the test forever.
-            return max(tester.last_message, self._test_since) + self._low_rdy_idle_timeout
-        if not self._low_rdy_regime():
+        if self._window_end is not None:
+            return self._window_end
+        if self._probe_can_expire():
+            return self._test_since + self._low_rdy_idle_timeout
+        if self._probe is not None or not self._low_rdy_regime():
             return None
         idle = self._low_rdy_idle_timeout
         busy = self._low_rdy_timeout
@@ -233,8 +238,6 @@ class RdyController(Generic[K]):
         now = self._clock()
         self._conns[key] = _Conn(key, max_rdy_count, self._next_order, now)
         self._next_order += 1
-        if self._testing and self._test_key is None:
-            self._test_key = key
         return self._rebalance(now)
 
     def remove_connection(self, key: K) -> list[tuple[K, int]]:
@@ -245,9 +248,11 @@ class RdyController(Generic[K]):
         self._total_rdy -= conn.rdy
         if conn.starved:
             self._starved -= 1
-        if self._testing and self._test_key == key:
-            self._pick_test_key()
-        return self._rebalance(self._clock())
+        now = self._clock()
+        if self._probe is conn:  # its message comes back from nsqd: test again everywhere
+            self._probe = None
+            self._test_since = now
+        return self._rebalance(now)
 
     def on_message(self, key: K) -> list[tuple[K, int]]:
         """A message arrived on ``key``. Unknown keys: no-op."""
@@ -271,7 +276,10 @@ class RdyController(Generic[K]):
                 return [(key, share)]
         if rdy and remaining * 4 < rdy:
             # Below 25 % of the last count: re-send it (old nsqd versions decrement RDY).
+            # Every message at RDY 1 comes here, so the test of the waters costs nothing more.
             conn.remaining = rdy
+            if self._testing and self._probe is None:
+                return self._probe_arrived(conn)
             return [(key, rdy)]
         return []
 
@@ -299,8 +307,8 @@ class RdyController(Generic[K]):
             self._level -= 1
             if self._level == 0:
                 self._testing = False
-                self._test_key = None
-                return self._rebalance(self._clock())
+                self._probe = None
+                return self._announce(self._rebalance(self._clock()))
             return self._open_window()
         if outcome == "failure":
             if self._backoff is None or self._window_end is not None:
@@ -308,7 +316,14 @@ class RdyController(Generic[K]):
             if self._level < self._max_level:
                 self._level += 1
             return self._open_window()
-        return []  # neutral
+        # neutral: no verdict. Once the probe's connection has nothing left in flight, the
+        # test is open to every connection again.
+        if self._probe is conn and in_flight == 0:
+            now = self._clock()
+            self._probe = None
+            self._test_since = now
+            return self._announce(self._rebalance(now))
+        return []
 
     def set_max_in_flight(self, max_in_flight: int) -> list[tuple[K, int]]:
         """Change the budget; 0 pauses the flow (RDY 0 everywhere), backoff state is kept."""
@@ -321,22 +336,27 @@ class RdyController(Generic[K]):
         Harmless when nothing is due, so calling it early, late or twice is fine.
         """
         now = self._clock()
-        if self._level:
-            if self._window_end is None:
-                deadline = self.next_deadline()
-                if self._testing and deadline is not None and now >= deadline:
-                    self._pick_test_key()  # the tester stayed idle: let another one try
-                    self._test_since = now
-                    return self._rebalance(now)
-                return []
-            if now < self._window_end:
+        window_end = self._window_end
+        if window_end is not None:
+            if now < window_end:
                 return []
             self._window_end = None
             self._testing = True
-            self._pick_test_key()
             self._test_since = now
             return self._rebalance(now)
-        if not self._low_rdy_regime():
+        if self._probe_can_expire():
+            if now < self._test_since + self._low_rdy_idle_timeout:
+                return []
+            # The probe is unanswered (or, before any message, the timer re-arms: it must run
+            # before a probe's deadline, which on_message does not announce).
+            self._probe = None
+            self._test_since = now
+            if not self._low_rdy_regime():
+                return self._rebalance(now)
+            # The probe held a rotating RDY 1 slot, idle for as long: rotate it now.
+        # Testing the waters with fewer units than connections rotates the RDY 1 slots as
+        # usual until one delivers; a probe in flight stops the rotation.
+        if self._probe is not None or not self._low_rdy_regime():
             return []
         idle = self._low_rdy_idle_timeout
         busy = self._low_rdy_timeout
@@ -367,6 +387,15 @@ class RdyController(Generic[K]):
     def _low_rdy_regime(self) -> bool:
         return 0 < self._max_in_flight < len(self._conns)
 
+    def _probe_can_expire(self) -> bool:
+        """Testing the waters with another connection to turn to, and either a probe in
+        flight or every connection at RDY 1 (otherwise the low-RDY rotation runs)."""
+        if not self._testing:
+            return False
+        n = len(self._conns)
+        budget = self._max_in_flight
+        return n > 1 and budget > 0 and (self._probe is not None or budget >= n)
+
     def _send(self, conn: _Conn[K], count: int) -> None:
         self._total_rdy += count - conn.rdy
         conn.rdy = count
@@ -385,40 +414,53 @@ class RdyController(Generic[K]):
         now = self._clock()
         self._window_end = now + policy.delay(self._level, self._rand)
         self._testing = False
-        self._test_key = None
+        self._probe = None
         return self._rebalance(now)
 
-    def _pick_test_key(self) -> None:
-        """Choose the connection that tests the waters: the one added after the previous
-        tester, wrapping around, so the test rotates between windows."""
-        chosen = None
+    def _probe_arrived(self, conn: _Conn[K]) -> list[tuple[K, int]]:
+        """The first message since the window ended: ``conn`` keeps its ``RDY 1`` (re-sent,
+        as for any message at RDY 1) and the other connections stop, so this message alone
+        tests the handler. Messages the others had already sent still arrive and are handled;
+        only the first answer counts."""
+        now = self._clock()
+        self._probe = conn
+        self._test_since = now
+        updates = self._rebalance(now)
+        updates.append((conn.key, conn.rdy))
+        return updates
+
+    def _announce(self, updates: list[tuple[K, int]]) -> list[tuple[K, int]]:
+        """After a change of backoff state that moved no count: re-send the counts (harmless
+        on the wire), so that the caller, seeing updates, reads ``next_deadline()`` again."""
+        if updates:
+            return updates
         for conn in self._conns.values():
-            if chosen is None:
-                chosen = conn  # the wrap-around candidate
-            if conn.order > self._test_after:
-                chosen = conn
-                break
-        if chosen is None:
-            self._test_key = None
-            return
-        self._test_key = chosen.key
-        self._test_after = chosen.order
+            if conn.rdy:
+                updates.append((conn.key, conn.rdy))
+                conn.remaining = conn.rdy
+        return updates
 
     def _assign_shares(self, now: float) -> None:
         conns = self._conns
         budget = self._max_in_flight
-        if self._level:
-            test_key = self._test_key if budget and self._testing else None
-            for conn in conns.values():
-                conn.share = 1 if conn.key == test_key else 0
-            return
         n = len(conns)
-        if budget == 0 or n == 0:
+        level = self._level
+        if budget == 0 or n == 0 or (level and not self._testing):
             for conn in conns.values():
                 conn.share = 0
             return
+        if level:
+            probe = self._probe
+            if probe is not None:
+                for conn in conns.values():
+                    conn.share = 1 if conn is probe else 0
+                return
         if budget >= n:
-            self._spread(budget)
+            if level:  # testing the waters: RDY 1 everywhere, the first to deliver wins
+                for conn in conns.values():
+                    conn.share = 1
+            else:
+                self._spread(budget)
             for conn in conns.values():
                 if not conn.holder:
                     conn.holder = True

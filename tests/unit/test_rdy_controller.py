@@ -504,9 +504,58 @@ def test_failure_stops_the_flow_and_opens_a_window() -> None:
     assert h.done("a", "failure") == [("a", 0), ("b", 0)]
     assert h.ctl.in_backoff()
     assert h.ctl.backoff_level == 1
+    assert h.ctl.backoff_window_open()
     assert window(h) == 1.0
     assert h.advance(0.999) == []
-    assert h.advance(0.001) == [("a", 1)]  # test the waters on exactly one connection
+    # Test the waters on every connection: the first one to deliver gets the test.
+    assert h.advance(0.001) == [("a", 1), ("b", 1)]
+    assert not h.ctl.backoff_window_open()
+
+
+@pytest.mark.parametrize("idle", ["a", "b"])
+def test_an_idle_partition_does_not_delay_the_test(idle: str) -> None:
+    """Issue 13: one failure, one partition idle: consumption resumes right after the
+    window, on the busy partition, instead of after low_rdy_idle_timeout more."""
+    h = backoff_harness()
+    busy = "b" if idle == "a" else "a"
+    h.process(busy, "failure")
+    start = h.clock.now
+    h.to_deadline()
+    assert h.clock.now == start + 1.0
+    assert h.sent == {"a": 1, "b": 1}
+    # The busy partition delivers at once: it keeps the test, the idle one stops.
+    assert h.message(busy) == [(idle, 0), (busy, 1)]
+    assert h.done(busy, "success") == [("a", 5), ("b", 5)]  # full spread at level 0
+    assert not h.ctl.in_backoff()
+    assert h.ctl.next_deadline() is None
+    assert h.clock.now == start + 1.0  # the backoff cost its window and nothing more
+
+
+def test_the_first_message_after_the_window_is_the_only_probe() -> None:
+    h = backoff_harness(keys="abcd", max_in_flight=40)
+    h.process("a", "failure")
+    assert h.to_deadline() == [("a", 1), ("b", 1), ("c", 1), ("d", 1)]
+    assert h.message("c") == [("a", 0), ("b", 0), ("d", 0), ("c", 1)]
+    # b had sent one before its RDY 0 arrived: handled, but no new test starts.
+    assert h.message("b") == []
+    assert h.holders() == ["c"]
+    assert h.ctl.in_flight("b") == 1
+
+
+def test_a_failure_while_testing_opens_the_next_window() -> None:
+    h = backoff_harness()
+    h.process("a", "failure")
+    h.to_deadline()
+    h.message("b")
+    h.message("a")  # already on its way when b won the test
+    assert h.done("a", "failure") == [("b", 0)]
+    assert h.ctl.backoff_level == 2
+    assert window(h) == 2.0
+    # The other test message is answered inside the new window: it does not count twice.
+    assert h.done("b", "failure") == []
+    assert h.ctl.backoff_level == 2
+    assert window(h) == 2.0
+    assert h.to_deadline() == [("a", 1), ("b", 1)]
 
 
 def test_exponential_windows_with_the_fake_clock() -> None:
@@ -514,12 +563,10 @@ def test_exponential_windows_with_the_fake_clock() -> None:
     assert h.ctl.next_deadline() is None
     h.process("a", "failure")
     windows = []
-    for _ in range(5):
+    for i in range(5):
         windows.append(window(h))
-        (tester,) = (k for k, n in h.to_deadline())
-        assert h.holders() == [tester]
-        assert h.sent[tester] == 1
-        h.process(tester, "failure")
+        assert h.to_deadline() == [("a", 1), ("b", 1)]
+        h.process("ab"[i % 2], "failure")
     assert windows == [1.0, 2.0, 4.0, 4.0, 4.0]
     assert h.ctl.backoff_level == 3  # max_level: 8 s would exceed 5 s
 
@@ -530,15 +577,15 @@ def test_full_jitter_windows_use_the_injected_rand() -> None:
     h.process("a", "failure")
     assert window(h) == 0.5  # 0.5 * 1 s
     h.to_deadline()
-    h.process(h.holders()[0], "failure")
+    h.process("a", "failure")
     assert window(h) == 0.5  # 0.25 * 2 s
     h.to_deadline()
-    h.process(h.holders()[0], "failure")
+    h.process("b", "failure")
     assert window(h) == 4.0  # 1.0 * 4 s
     h.to_deadline()
-    h.process(h.holders()[0], "failure")
+    h.process("a", "failure")
     assert window(h) == 0.0  # due at once
-    assert len(h.tick()) == 1
+    assert h.tick() == [("a", 1), ("b", 1)]
 
 
 def test_one_result_counts_per_window() -> None:
@@ -569,39 +616,33 @@ def test_only_the_first_result_after_the_window_counts() -> None:
     assert h.ctl.backoff_level == 2
 
 
-def test_test_the_waters_rotates_between_windows() -> None:
-    h = backoff_harness(keys="abc", max_in_flight=30)
-    h.process("a", "failure")
-    testers = []
-    for _ in range(4):
-        testers += [k for k, _ in h.to_deadline()]
-        assert len(h.holders()) == 1
-        h.process(testers[-1], "failure")
-    assert testers == ["a", "b", "c", "a"]
-
-
-def test_enough_successes_leave_backoff() -> None:
+def test_the_level_decreases_one_success_at_a_time() -> None:
     h = backoff_harness(max_in_flight=10)
     h.process("a", "failure")
     for _ in range(2):
         h.to_deadline()
-        (tester,) = h.holders()
-        h.process(tester, "failure")
+        h.process("b", "failure")
     h.to_deadline()
     assert h.ctl.backoff_level == 3
     levels = []
+    windows = []
+    updates: Updates = []
     for _ in range(3):
-        (tester,) = h.holders()
-        h.message(tester)
-        updates = h.done(tester, "success")
+        assert h.sent == {"a": 1, "b": 1}
+        h.message("a")
+        h.message("b")  # both deliver before either RDY 0 lands
+        updates = h.done("b", "success")
         levels.append(h.ctl.backoff_level)
+        assert h.done("a", "success") == []  # the second test message: no double count
+        assert h.ctl.backoff_level == levels[-1]
         if h.ctl.in_backoff():
             assert h.holders() == []  # a new, shorter window
-            assert window(h) == 2.0 ** (h.ctl.backoff_level - 1)
+            windows.append(window(h))
             h.to_deadline()
     assert levels == [2, 1, 0]
+    assert windows == [2.0, 1.0]
     assert not h.ctl.in_backoff()
-    assert sorted(updates) == [("a", 5), ("b", 5)]  # full distribution restored
+    assert updates == [("a", 5), ("b", 5)]  # full distribution restored
     assert h.ctl.next_deadline() is None
 
 
@@ -611,10 +652,24 @@ def test_success_without_backoff_and_neutral_change_nothing() -> None:
     assert h.process("a", "neutral") == []
     h.process("a", "failure")
     h.to_deadline()
-    (tester,) = h.holders()
-    assert h.process(tester, "neutral") == [(tester, 1)]  # the RDY 1 refresh only
+    # A neutral answer (manual requeue, given up) is no verdict: the test opens again.
+    assert h.message("a") == [("b", 0), ("a", 1)]
+    assert h.done("a", "neutral") == [("b", 1)]
     assert h.ctl.backoff_level == 1
-    assert h.holders() == [tester]
+    assert h.holders() == ["a", "b"]
+    h.process("b", "success")
+    assert not h.ctl.in_backoff()
+
+
+def test_a_neutral_answer_waits_for_the_probes_connection_to_drain() -> None:
+    h = backoff_harness()
+    h.message("a")  # in flight since before the failure
+    h.process("b", "failure")
+    h.to_deadline()
+    h.message("a")
+    assert h.done("a", "neutral") == []  # a still has a message in flight
+    assert h.holders() == ["a"]
+    assert h.done("a", "neutral") == [("b", 1)]
 
 
 @pytest.mark.parametrize("policy", [None, BackoffPolicy(enabled=False)])
@@ -636,45 +691,51 @@ def test_pause_during_backoff_keeps_zero_and_resume_does_not_leave_backoff() -> 
     assert h.set_max(0) == []
     h.to_deadline()  # the window ends while paused: nobody gets RDY 1
     assert h.holders() == []
-    assert h.set_max(10) == [("a", 1)]  # still testing the waters
+    assert h.set_max(10) == [("a", 1), ("b", 1)]  # still testing the waters
     assert h.ctl.in_backoff()
-    assert h.set_max(0) == [("a", 0)]
-    assert h.set_max(8) == [("a", 1)]
-    h.process("a", "success")
+    assert h.set_max(0) == [("a", 0), ("b", 0)]
+    assert h.set_max(8) == [("a", 1), ("b", 1)]
+    h.message("a")
+    assert h.set_max(0) == [("a", 0)]  # paused with the probe in flight
+    assert h.set_max(8) == [("a", 1)]  # the probe's connection alone
+    h.done("a", "success")
     assert h.sent == {"a": 4, "b": 4}
 
 
-def test_connections_added_during_backoff_start_at_zero() -> None:
+def test_connections_added_during_backoff() -> None:
     h = backoff_harness()
     h.process("a", "failure")
-    assert h.add("c") == []
-    h.to_deadline()
-    assert h.add("d") == []
-    assert len(h.holders()) == 1
+    assert h.add("c") == []  # the window is open
+    assert h.to_deadline() == [("a", 1), ("b", 1), ("c", 1)]
+    assert h.add("d") == [("d", 1)]  # no probe yet: it may deliver first
+    h.message("d")
+    assert h.add("e") == []  # a probe is in flight
+    assert h.holders() == ["d"]
 
 
-def test_connection_added_while_testing_without_a_tester_gets_rdy_1() -> None:
+def test_connection_added_while_testing_without_connections() -> None:
     h = backoff_harness(keys="a")
     h.process("a", "failure")
     h.to_deadline()
     assert h.sent == {"a": 1}
     assert h.remove("a") == []
     assert h.add("b") == [("b", 1)]
-    assert h.add("c") == []
+    assert h.add("c") == [("c", 1)]
     h.process("b", "success")
     assert not h.ctl.in_backoff()
     assert h.sent == {"b": 5, "c": 1}
 
 
-def test_removing_the_tester_passes_the_test_on() -> None:
+def test_removing_the_probes_connection_opens_the_test_again() -> None:
     h = backoff_harness(keys="abc", max_in_flight=30)
     h.process("a", "failure")
-    assert h.to_deadline() == [("a", 1)]
-    assert h.remove("a") == [("b", 1)]  # the next one in insertion order
-    h.process("b", "failure")
-    assert h.to_deadline() == [("c", 1)]
+    h.to_deadline()
+    h.message("b")
+    assert h.holders() == ["b"]
+    assert h.remove("b") == [("a", 1), ("c", 1)]  # b's message goes back to nsqd
+    assert h.remove("a") == []  # no probe: the others keep testing
     h.process("c", "failure")
-    assert h.to_deadline() == [("b", 1)]  # wraps around
+    assert h.to_deadline() == [("c", 1)]
 
 
 def test_window_ending_with_no_connection() -> None:
@@ -686,6 +747,32 @@ def test_window_ending_with_no_connection() -> None:
     assert h.ctl.next_deadline() is None
 
 
+def test_testing_the_waters_within_a_small_budget() -> None:
+    """Fewer units than connections: the RDY 1 slots of the test rotate like the normal
+    ones (every low_rdy_idle_timeout) until one delivers, and never exceed the budget."""
+    h = backoff_harness(keys="abcd", max_in_flight=2)
+    holders = h.holders()
+    assert len(holders) == 2
+    h.process(holders[0], "failure")
+    assert h.holders() == []
+    h.to_deadline()
+    assert h.holders() == holders  # the slots stay with the same connections
+    assert h.ctl.next_deadline() == h.clock.now + 10.0
+    h.to_deadline()  # both stayed idle: the others get their turn
+    waiting = [k for k in "abcd" if k not in holders]
+    assert h.holders() == waiting
+    assert h.ctl.in_backoff()
+    h.clock.advance(3)
+    h.message(waiting[1])
+    assert h.holders() == [waiting[1]]
+    # No rotation while the probe is in flight, only the probe's own timeout.
+    assert h.ctl.next_deadline() == h.clock.now + 10.0
+    h.done(waiting[1], "success")
+    assert not h.ctl.in_backoff()
+    assert len(h.holders()) == 2
+    assert h.ctl.total_rdy() == 2
+
+
 def test_leaving_backoff_in_the_low_rdy_regime() -> None:
     h = backoff_harness(keys="abc", max_in_flight=1)
     holder = h.holders()[0]
@@ -693,10 +780,71 @@ def test_leaving_backoff_in_the_low_rdy_regime() -> None:
     assert h.holders() == []
     h.to_deadline()
     (tester,) = h.holders()
-    h.process(tester, "success")
+    h.message(tester)
+    # No count changes, yet the rotation's deadline is back: the count is re-sent, so the
+    # consumer (which re-reads next_deadline() after updates) schedules it.
+    assert h.done(tester, "success") == [(tester, 1)]
     assert not h.ctl.in_backoff()
     assert len(h.holders()) == 1
     assert h.ctl.next_deadline() == h.clock.now + 10  # the hold starts anew
+
+
+def test_an_unanswered_probe_opens_the_test_again() -> None:
+    """A handler that hangs on the probe must not stop the consumer for good: after
+    low_rdy_idle_timeout the other connections may deliver the next probe (go-nsq's
+    rotation does the same)."""
+    h = backoff_harness(keys="abc", max_in_flight=30)
+    h.process("a", "failure")
+    h.to_deadline()
+    h.clock.advance(4)
+    h.message("a")
+    assert h.ctl.next_deadline() == h.clock.now + 10.0
+    assert h.advance(9.999) == []
+    assert h.advance(0.001) == [("b", 1), ("c", 1)]  # a keeps its RDY 1, busy with the probe
+    assert h.ctl.in_backoff()
+    assert h.message("c") == [("a", 0), ("b", 0), ("c", 1)]
+    # Whichever answers first counts; the other one does not count twice.
+    h.done("a", "success")
+    assert not h.ctl.in_backoff()
+    assert h.done("c", "success") == []
+    assert h.sent == {"a": 10, "b": 10, "c": 10}
+
+
+def test_an_unanswered_probe_in_the_low_rdy_regime_hands_its_slot_over() -> None:
+    h = backoff_harness(keys="ab", max_in_flight=1)
+    (holder,) = h.holders()
+    other = "b" if holder == "a" else "a"
+    h.process(holder, "failure")
+    h.to_deadline()
+    h.message(holder)  # the probe; its handler hangs
+    assert h.ctl.next_deadline() == h.clock.now + 10.0
+    # One tick both gives the probe up and rotates its slot: nothing is due right after.
+    assert h.to_deadline() == [(holder, 0), (other, 1)]
+    assert h.ctl.next_deadline() == h.clock.now + 10.0
+
+
+def test_the_test_timer_rearms_while_nothing_arrives() -> None:
+    """With every connection at RDY 1 and no message, ticks only re-arm the timer, so that
+    one is pending when a probe arrives (on_message does not announce its deadline)."""
+    h = backoff_harness()
+    h.process("a", "failure")
+    h.to_deadline()
+    start = h.clock.now
+    assert h.ctl.next_deadline() == start + 10.0
+    assert h.to_deadline() == []
+    assert h.ctl.next_deadline() == start + 20.0
+    h.clock.advance(5)
+    h.message("b")
+    assert h.ctl.next_deadline() == start + 25.0  # later than the pending one: never earlier
+    assert h.sent == {"a": 0, "b": 1}
+
+
+def test_a_single_connection_tester_has_no_deadline() -> None:
+    h = backoff_harness("a")
+    h.process("a", "failure")
+    h.to_deadline()
+    assert h.holders() == ["a"]
+    assert h.ctl.next_deadline() is None
 
 
 # ------------------------------------------------------------------ validation
@@ -844,9 +992,15 @@ class RdyMachine(RuleBasedStateMachine):
         if not self.backoff_on:
             assert not h.ctl.in_backoff()
         if h.ctl.in_backoff():
-            # A window is open (RDY 0 everywhere) or one connection tests the waters.
-            window_open = h.ctl.backoff_window_open()
-            assert sum(counts) == 0 if window_open else sum(counts) <= 1
+            if h.ctl.backoff_window_open():
+                assert sum(counts) == 0
+                return
+            # Testing the waters: every connection the budget allows waits at RDY 1 for a
+            # message, or the first one to deliver holds the only RDY 1.
+            assert all(c <= 1 for c in counts)
+            assert sum(counts) in (min(budget, n), 1 if budget and n else 0)
+            if budget and n > 1:  # a timer always runs: a hung probe cannot stall for good
+                assert h.ctl.next_deadline() is not None
             return
         if budget >= n:
             assert all(c > 0 for c in counts)  # every connection is served
@@ -869,30 +1023,3 @@ class RdyMachine(RuleBasedStateMachine):
 
 RdyMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
 TestRdyMachine = RdyMachine.TestCase
-
-
-def test_an_idle_tester_hands_the_test_to_another_connection() -> None:
-    """A tester whose partition has nothing to deliver must not keep every connection at
-    RDY 0 forever: after low_rdy_idle_timeout the test RDY moves on (go-nsq does the same)."""
-    h = backoff_harness("abc")
-    h.process("a", "failure")
-    h.to_deadline()
-    (first,) = h.holders()
-    assert h.ctl.next_deadline() == h.clock.now + 10.0
-    assert h.advance(9.9) == []
-    h.advance(0.1)
-    (second,) = h.holders()
-    assert second != first
-    assert h.ctl.in_backoff()
-    # the new tester delivers; its success ends the backoff (level 1 -> 0)
-    h.process(second, "success")
-    assert not h.ctl.in_backoff()
-    assert sorted(h.holders()) == ["a", "b", "c"]
-
-
-def test_a_single_connection_tester_has_no_deadline() -> None:
-    h = backoff_harness("a")
-    h.process("a", "failure")
-    h.to_deadline()
-    assert h.holders() == ["a"]
-    assert h.ctl.next_deadline() is None
