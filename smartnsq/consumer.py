@@ -545,8 +545,6 @@ class Consumer:
         self._apply(self._controller.tick())
         self._schedule_tick()
 
-    # ------------------------------------------------------------------ discovery
-
     # ------------------------------------------------------------------ subscriptions
 
     @property
@@ -584,8 +582,7 @@ class Consumer:
         if self._controller is not None:
             self._apply(self._controller.remove_connection(sub))
             self._fit_budget()
-            if lost:
-                self._schedule_tick()
+            self._schedule_tick()  # the tested connection may be the one leaving
         if not lost:
             return
         if sub.queue:
