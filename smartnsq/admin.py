@@ -50,6 +50,7 @@ from smartnsq.protocol.lookupd import (
 )
 from smartnsq.protocol.validation import check_channel, check_topic
 from smartnsq.routing.addresses import AddressMap, AddressMapping
+from smartnsq.transport.httpclient import new_http_client
 from smartnsq.transport.httplog import quiet
 from smartnsq.transport.lookup import normalize_seed
 
@@ -384,7 +385,7 @@ class Admin:
         if self._closed:
             raise ClientClosedError("this Admin is closed; create a new one")
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self._timeout)
+            self._client = new_http_client(self._timeout)
         return self._client
 
     async def _request(self, method: str, base: str, path: str, params: dict[str, str]) -> object:

@@ -67,6 +67,7 @@ from smartnsq.protocol.lookupd import (
 )
 from smartnsq.protocol.validation import check_topic
 from smartnsq.routing.addresses import AddressMap, AddressMapping
+from smartnsq.transport.httpclient import new_http_client
 from smartnsq.transport.httplog import quiet
 
 __all__ = [
@@ -694,7 +695,7 @@ class LookupManager:
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self._timeout, transport=self._transport)
+            self._client = new_http_client(self._timeout, self._transport)
         return self._client
 
     async def _get(
