@@ -18,15 +18,17 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from smartnsq.cli import UsageError
 from smartnsq.cli._common import Progress, add_verbosity, plural, setup_logging, table
 from smartnsq.consumer import Consumer
 from smartnsq.message import Message
 from smartnsq.producer import Producer
-from smartnsq.testing import Cluster
 from smartnsq.tracelog import TRACE_LOGGER
+
+if TYPE_CHECKING:
+    from smartnsq.testing import Cluster
 
 __all__ = ["register"]
 
@@ -194,6 +196,9 @@ class _Demo:
         print(text, file=self.out, flush=True)
 
     async def main(self) -> int:
+        # Imported here: the emulator is only needed by the demo, not by every CLI command.
+        from smartnsq.testing import Cluster
+
         s = self.s
         started = time.perf_counter()
         events = _events(s.messages, s.customers, s.seed)
