@@ -14,6 +14,7 @@ from smartnsq.errors import *  # noqa: F403 - the exception tree is part of the 
 from smartnsq.errors import __all__ as _errors_all
 
 if TYPE_CHECKING:
+    from smartnsq.admin import Admin as Admin
     from smartnsq.consumer import Consumer as Consumer
     from smartnsq.consumer import ConsumerStats as ConsumerStats
     from smartnsq.flow.backoff import BackoffPolicy as BackoffPolicy
@@ -22,9 +23,12 @@ if TYPE_CHECKING:
     from smartnsq.protocol.commands import StartPosition as StartPosition
     from smartnsq.publish_result import PublishResult as PublishResult
     from smartnsq.retry import Backoff as Backoff
+    from smartnsq.routing.addresses import AddressMap as AddressMap
     from smartnsq.routing.sharding import Sharder as Sharder
 
 _LAZY = {
+    "AddressMap": "smartnsq.routing.addresses",
+    "Admin": "smartnsq.admin",
     "Backoff": "smartnsq.retry",
     "BackoffPolicy": "smartnsq.flow.backoff",
     "Consumer": "smartnsq.consumer",
