@@ -13,7 +13,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from smartnsq.testing.cluster import Cluster, ClusterError
+    from smartnsq.testing.cluster import Cluster
+    from smartnsq.testing.errors import ClusterError
     from smartnsq.testing.state import ChannelRecord, Record
 
 __all__ = ["ChannelRecord", "Cluster", "ClusterError", "Record"]
@@ -21,7 +22,7 @@ __all__ = ["ChannelRecord", "Cluster", "ClusterError", "Record"]
 _HOMES = {
     "ChannelRecord": "smartnsq.testing.state",
     "Cluster": "smartnsq.testing.cluster",
-    "ClusterError": "smartnsq.testing.cluster",
+    "ClusterError": "smartnsq.testing.errors",
     "Record": "smartnsq.testing.state",
 }
 

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from smartnsq.errors import ValidationError
 from smartnsq.protocol.lookupd import ACCEPT_V1
 from smartnsq.routing.addresses import AddressMap, split_host_port
-from smartnsq.testing.cluster import ClusterError
+from smartnsq.testing.errors import ClusterError
 
 if TYPE_CHECKING:
     from testcontainers.core.container import DockerContainer

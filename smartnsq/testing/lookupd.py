@@ -35,6 +35,14 @@ from __future__ import annotations
 import socket
 from typing import TYPE_CHECKING, Any
 
+from smartnsq.testing.directory import (
+    CLASSIC_VERSION,
+    YOUZAN_VERSION,
+    Directory,
+    LookupdEntry,
+    NsqdEntry,
+)
+from smartnsq.testing.errors import ClusterError
 from smartnsq.testing.http import (
     ApiError,
     HttpServer,
@@ -45,12 +53,12 @@ from smartnsq.testing.http import (
     dispatch,
     respond,
 )
-from smartnsq.testing.nsqd import CLASSIC_VERSION, YOUZAN_VERSION, NsqdNode
 from smartnsq.testing.publish import go_atoi, valid_name
+from smartnsq.testing.topology import TopicRefused
 
 if TYPE_CHECKING:
-    from smartnsq.testing.cluster import Cluster
     from smartnsq.testing.state import Partition, Topic
+    from smartnsq.testing.topology import Topology
 
 __all__ = ["LookupdNode"]
 
@@ -74,16 +82,20 @@ def _reserve_port(host: str) -> socket.socket:
 
 
 class LookupdNode:
-    def __init__(self, cluster: Cluster, index: int) -> None:
-        self.cluster = cluster
+    """One emulated nsqlookupd: its HTTP API over the cluster's directory and topology. Its
+    ports and whether it runs are its entry in the directory."""
+
+    def __init__(self, index: int, directory: Directory, topology: Topology) -> None:
         self.index = index
-        self.http = HttpServer(self.handle, cluster.host, cluster.planned_port(index, "lookupd"))
-        self.running = False
+        self.directory = directory
+        self.topology = topology
+        self.entry = directory.lookupds[index]
+        self.http = HttpServer(
+            self.handle, directory.host, directory.planned_port(index, "lookupd")
+        )
         self.frozen: dict[tuple[str, str, str], tuple[int, Any]] | None = None
         self._reserved: list[socket.socket] = []
-        self.tcp_port = 0
-        self.rpc_port = 0
-        if cluster.classic:
+        if topology.classic:
             # nsqlookupd 1.x answers every endpoint in the v1 format
             self.routes = {
                 "/ping": Route(_GET, self._ping, Mode.PLAIN),
@@ -114,22 +126,36 @@ class LookupdNode:
     def url(self) -> str:
         """Where a client on this machine connects (``/listlookup`` announces
         ``broadcast_address`` instead)."""
-        return f"http://{self.cluster.local_host}:{self.http.port}"
+        return f"http://{self.directory.local_host}:{self.http.port}"
 
     @property
     def http_port(self) -> int:
         return self.http.port
 
+    @property
+    def tcp_port(self) -> int:
+        return self.entry.tcp_port
+
+    @property
+    def rpc_port(self) -> int:
+        return self.entry.rpc_port
+
+    @property
+    def running(self) -> bool:
+        return self.entry.running
+
     async def start(self) -> None:
         await self.http.start()
+        entry = self.entry
+        entry.http_port = self.http.port
         if not self._reserved:
-            self._reserved = [_reserve_port(self.cluster.host) for _ in range(2)]
-            self.tcp_port = self._reserved[0].getsockname()[1]
-            self.rpc_port = self._reserved[1].getsockname()[1]
-        self.running = True
+            self._reserved = [_reserve_port(self.directory.host) for _ in range(2)]
+            entry.tcp_port = self._reserved[0].getsockname()[1]
+            entry.rpc_port = self._reserved[1].getsockname()[1]
+        entry.running = True
 
     async def stop(self) -> None:
-        self.running = False
+        self.entry.running = False
         await self.http.stop()
 
     def release(self) -> None:
@@ -139,19 +165,10 @@ class LookupdNode:
 
     @property
     def is_leader(self) -> bool:
-        leader = self.cluster.lookupd_leader()
-        return leader is self
+        return self.directory.lookupd_leader() is self.entry
 
     def node_info(self) -> dict[str, Any]:
-        host = self.cluster.broadcast_address
-        return {
-            "ID": f"{host}:{self.rpc_port}:{self.tcp_port}:nsqlookup",
-            "NodeIP": host,
-            "TcpPort": str(self.tcp_port),
-            "HttpPort": str(self.http_port),
-            "RpcPort": str(self.rpc_port),
-            "Epoch": 0,
-        }
+        return _lookupd_info(self.directory, self.entry)
 
     # ------------------------------------------------------------------ routing
 
@@ -191,7 +208,7 @@ class LookupdNode:
         return "OK"
 
     def _info(self, request: Request) -> dict[str, Any]:
-        if self.cluster.classic:
+        if self.topology.classic:
             return {"version": CLASSIC_VERSION}
         return {"version": YOUZAN_VERSION, "ha_support": True}
 
@@ -218,19 +235,19 @@ class LookupdNode:
     def _registered(self, partition: Partition) -> bool:
         """A partition's leader registers it while the partition takes writes."""
         leader = partition.leader
-        return leader is not None and self.cluster.nodes[leader].running and partition.writable
+        return leader is not None and self.directory.nsqds[leader].running and partition.writable
 
     def _consumable(self, partition: Partition) -> bool:
         """Read lookups also name a leader that cannot take writes (nsqlookupd's
         tryFindRegsForConsumer), as long as it is connected."""
         leader = partition.leader
-        return leader is not None and self.cluster.nodes[leader].running
+        return leader is not None and self.directory.nsqds[leader].running
 
     def _partition_channels(self, part: Partition) -> set[str]:
         """The channels live nodes hold for a partition: every nsqd registers its own (the
         leader's live ones, and the copies on replicas; the leader_change recordings list the
         channels of a rejoined old leader)."""
-        nodes = self.cluster.nodes
+        nodes = self.directory.nsqds
         held: set[str] = set()
         if part.leader is not None and nodes[part.leader].running:
             held.update(part.log.channels)
@@ -246,31 +263,32 @@ class LookupdNode:
                 present |= self._partition_channels(part)
         return [name for name in topic.channel_names if name in present]
 
-    def _peer(self, node: NsqdNode) -> dict[str, Any]:
+    def _peer(self, node: NsqdEntry) -> dict[str, Any]:
         # remote_address: where nsqd's registration came from, not what it announces
-        remote = f"{self.cluster.local_host}:{node.registration_port}"
+        directory = self.directory
+        remote = f"{directory.local_host}:{node.registration_port}"
         return {
             "id": remote,
             "remote_address": remote,
             "hostname": HOSTNAME,
-            "broadcast_address": self.cluster.broadcast_address,
+            "broadcast_address": directory.broadcast_address,
             "tcp_port": node.tcp_port,
             "http_port": node.http_port,
             "version": YOUZAN_VERSION,
-            "distributed_id": _distributed_id(node),
+            "distributed_id": directory.distributed_id(node),
         }
 
     # ------------------------------------------------------------------ youzan reads
 
     def _lookup(self, request: Request) -> dict[str, Any]:
         """nsqlookupd doLookup, over the registration model described in the module doc."""
-        cluster = self.cluster
+        directory = self.directory
         name = self._topic_arg(request)
         only = request.arg("partition") or "*"
         access = request.arg("access") or "r"
         if access not in ("r", "w"):
             raise ApiError(400, "INVALID_ACCESS_MODE")
-        topic = cluster.topics.get(name)
+        topic = self.topology.topics.get(name)
         if topic is None:
             if access == "w":
                 # nothing registered: the coordinator (etcd) does not know the topic either
@@ -286,11 +304,11 @@ class LookupdNode:
         seen: set[int] = set()
         dropped_for_channels = False
         for part in serving:
-            node = cluster.nodes[part.leader] if part.leader is not None else None
+            node = directory.nsqds[part.leader] if part.leader is not None else None
             if node is None:
                 continue
             no_channel = not self._partition_channels(part)
-            if access == "w" and no_channel and not cluster.allow_write_with_no_channels:
+            if access == "w" and no_channel and not directory.allow_write_with_no_channels:
                 dropped_for_channels = True
                 continue
             partitions[str(part.id)] = self._peer(node)
@@ -303,9 +321,9 @@ class LookupdNode:
         need_meta = bool(request.arg("metainfo"))
         withheld = False  # writes disabled: nsqlookupd answers Go nils (JSON null)
         if access == "w":
-            if cluster.write_disabled == "all":
+            if directory.write_disabled == "all":
                 withheld = True
-            elif cluster.write_disabled == "ordered":
+            elif directory.write_disabled == "ordered":
                 need_meta = True
                 withheld = topic.ordered
         if need_meta:
@@ -316,21 +334,22 @@ class LookupdNode:
         return answer
 
     def _listlookup(self, request: Request) -> Any:
-        nodes = [lk.node_info() for lk in self.cluster.lookupds if lk.running]
-        leader = self.cluster.lookupd_leader()
+        directory = self.directory
+        nodes = [_lookupd_info(directory, lk) for lk in directory.lookupds if lk.running]
+        leader = directory.lookupd_leader()
         return {
-            "lookupdleader": leader.node_info() if leader is not None else None,
+            "lookupdleader": _lookupd_info(directory, leader) if leader is not None else None,
             "lookupdnodes": nodes,
         }
 
     def _topics(self, request: Request) -> dict[str, Any]:
-        cluster = self.cluster
-        if cluster.classic:
-            names = list(dict.fromkeys(n for node in cluster.nodes for n in node.classic_topics))
+        topology = self.topology
+        if topology.classic:
+            names = list(dict.fromkeys(n for topics in topology.classic_topics for n in topics))
             return {"topics": names}
         # topics some node registered
         topics = [
-            t for t in cluster.topics.values() if any(map(self._registered, t.partitions.values()))
+            t for t in topology.topics.values() if any(map(self._registered, t.partitions.values()))
         ]
         answer: dict[str, Any] = {"topics": [t.name for t in topics]}
         if request.arg("metaInfo") == "true":
@@ -348,28 +367,28 @@ class LookupdNode:
         return answer
 
     def _channels(self, request: Request) -> dict[str, Any]:
-        cluster = self.cluster
+        topology = self.topology
         name = self._topic_arg(request)
-        if cluster.classic:
+        if topology.classic:
             channels: list[str] = []
-            for node in cluster.nodes:
-                log_ = node.classic_topics.get(name)
+            for node, topics in zip(self.directory.nsqds, topology.classic_topics, strict=True):
+                log_ = topics.get(name)
                 if log_ is not None and node.running:
                     channels += [c for c in log_.channels if c not in channels]
             return {"channels": channels}
-        topic = cluster.topics.get(name)
+        topic = topology.topics.get(name)
         if topic is None:
             return {"channels": []}
         return {"channels": self._registered_channels(topic, request.arg("partition") or "*")}
 
     def _nodes(self, request: Request) -> dict[str, Any]:
-        cluster = self.cluster
+        topology = self.topology
         producers = []
-        for node in cluster.nodes:
+        for node in self.directory.nsqds:
             if not node.running:
                 continue
-            if cluster.classic:
-                topics = list(node.classic_topics)
+            if topology.classic:
+                topics = list(topology.classic_topics[node.index])
                 producers.append(
                     {
                         **self._classic_peer(node),
@@ -379,7 +398,7 @@ class LookupdNode:
                 )
                 continue
             led: dict[str, list[str]] = {}
-            for topic in cluster.topics.values():
+            for topic in topology.topics.values():
                 ids = [
                     str(p.id)
                     for p in topic.partitions.values()
@@ -403,10 +422,10 @@ class LookupdNode:
 
     def _cluster_stats(self, request: Request) -> dict[str, Any]:
         self._require_leader()
-        cluster = self.cluster
-        partitions = [p for t in cluster.topics.values() for p in t.partitions.values()]
+        directory = self.directory
+        partitions = [p for t in self.topology.topics.values() for p in t.partitions.values()]
         stats = []
-        for node in cluster.nodes:
+        for node in directory.nsqds:
             if not node.running:
                 continue
             led = sum(1 for p in partitions if p.leader == node.index and self._registered(p))
@@ -414,7 +433,7 @@ class LookupdNode:
             stats.append(
                 {
                     "hostname": HOSTNAME,
-                    "broadcast_address": cluster.broadcast_address,
+                    "broadcast_address": directory.broadcast_address,
                     "tcp_port": node.tcp_port,
                     "http_port": node.http_port,
                     # Go prints a whole float64 without a fraction: 2, not 2.0
@@ -423,7 +442,7 @@ class LookupdNode:
                 }
             )
         return {
-            "stable": cluster.is_stable(),
+            "stable": self.topology.is_stable(),
             "node_stat_list": stats,
             "topn_topics": [],
         }
@@ -446,16 +465,19 @@ class LookupdNode:
             except ValueError as exc:
                 raise ApiError(400, str(exc)) from None
         self._require_leader()
-        self.cluster.create_topic_now(
-            name,
-            partitions=partition_num,
-            replicas=replicator,
-            ordered=request.arg("orderedmulti") == "true",
-            ext=request.arg("extend") == "true",
-            multi_part=request.arg("multipart") == "true",
-            disable_channel_auto_create=request.arg("disable_channel_auto_create") == "true",
-            strict_placement=True,
-        )
+        try:
+            self.topology.create_topic(
+                name,
+                partitions=partition_num,
+                replicas=replicator,
+                ordered=request.arg("orderedmulti") == "true",
+                ext=request.arg("extend") == "true",
+                multi_part=request.arg("multipart") == "true",
+                disable_channel_auto_create=request.arg("disable_channel_auto_create") == "true",
+                strict_placement=True,
+            )
+        except TopicRefused as exc:
+            raise ApiError(400, str(exc)) from None
 
     def _topic_delete(self, request: Request) -> None:
         """nsqlookupd doDeleteTopic: only ``partition=**``; the coordinator refuses on a
@@ -468,14 +490,12 @@ class LookupdNode:
             raise ApiError(400, "REMOVE_SINGLE_PARTITION_NOT_ALLOWED")
         if not self.is_leader:
             raise ApiError(500, NOT_LOOKUP_LEADER)
-        if name not in self.cluster.topics:
+        if name not in self.topology.topics:
             raise ApiError(500, "Topic not exist")
-        self.cluster.delete_topic_now(name)
+        self.topology.delete_topic(name)
 
     def _partition_move(self, request: Request) -> None:
         """nsqlookupd doMoveTopicParition, one implementation with Cluster.move_leader."""
-        from smartnsq.testing.cluster import ClusterError
-
         name = self._topic_arg(request)
         text = request.arg("partition")
         if not text:
@@ -487,11 +507,11 @@ class LookupdNode:
         if not 0 <= pid < MAX_PARTITION_NUM and pid != OLD_VERSION_PID:
             raise ApiError(400, "INVALID_ARG_TOPIC_PARTITION_NUM")
         self._require_leader()
-        topic = self.cluster.topics.get(name)
+        topic = self.topology.topics.get(name)
         if topic is None or pid not in topic.partitions:
             raise ApiError(400, KEY_NOT_FOUND)
         try:
-            self.cluster.move_partition_now(
+            self.topology.move_partition(
                 name,
                 pid,
                 move_leader=request.arg("move_leader") == "true",
@@ -505,9 +525,14 @@ class LookupdNode:
         """An nsqd named by distributed id, ``host:tcp_port`` or number; -1 when unknown."""
         if not text:
             return None
-        for node in self.cluster.nodes:
-            names = (_distributed_id(node), node.announced_tcp_address, str(node.index))
-            if text in (*names, node.tcp_address):
+        directory = self.directory
+        for node in directory.nsqds:
+            names = (
+                directory.distributed_id(node),
+                directory.announced_tcp_address(node),
+                str(node.index),
+            )
+            if text in (*names, directory.tcp_address(node)):
                 return node.index
         return -1
 
@@ -515,7 +540,7 @@ class LookupdNode:
         """nsqlookupd doCreateChannel: registers a channel of a topic whose channel
         auto-creation is disabled (consumers may then subscribe to it)."""
         name, channel = self._topic_channel_args(request)
-        topic = self.cluster.topics.get(name)
+        topic = self.topology.topics.get(name)
         if topic is None:
             raise ApiError(400, KEY_NOT_FOUND)
         if not topic.disable_channel_auto_create:
@@ -524,20 +549,20 @@ class LookupdNode:
             raise ApiError(400, f"channel {channel} already registered")
         if not self.is_leader:
             raise ApiError(400, NOT_LOOKUP_LEADER)
-        self.cluster.register_channel_now(name, channel)
+        self.topology.register_channel(name, channel)
 
     def _disable_write(self, request: Request) -> None:
         self._require_leader()
         kind = request.arg("type") or ""
-        self.cluster.write_disabled = kind if kind in ("all", "ordered") else ""
+        self.directory.write_disabled = kind if kind in ("all", "ordered") else ""
 
     # ------------------------------------------------------------------ classic
 
-    def _classic_peer(self, node: NsqdNode) -> dict[str, Any]:
+    def _classic_peer(self, node: NsqdEntry) -> dict[str, Any]:
         return {
-            "remote_address": f"{self.cluster.local_host}:{node.registration_port}",
+            "remote_address": f"{self.directory.local_host}:{node.registration_port}",
             "hostname": HOSTNAME,
-            "broadcast_address": self.cluster.broadcast_address,
+            "broadcast_address": self.directory.broadcast_address,
             "tcp_port": node.tcp_port,
             "http_port": node.http_port,
             "version": CLASSIC_VERSION,
@@ -547,8 +572,8 @@ class LookupdNode:
         name = self._topic_arg(request)
         producers = []
         channels: list[str] = []
-        for node in self.cluster.nodes:
-            log_ = node.classic_topics.get(name)
+        for node, topics in zip(self.directory.nsqds, self.topology.classic_topics, strict=True):
+            log_ = topics.get(name)
             if log_ is None or not node.running:
                 continue
             producers.append(self._classic_peer(node))
@@ -558,9 +583,17 @@ class LookupdNode:
         return {"channels": channels, "producers": producers}
 
 
-def _distributed_id(node: NsqdNode) -> str:
-    # youzan's node id: broadcast address, RPC port, TCP port, configured node id
-    return f"{node.cluster.broadcast_address}:{node.tcp_port + 2}:{node.tcp_port}:{node.index}"
+def _lookupd_info(directory: Directory, lookupd: LookupdEntry) -> dict[str, Any]:
+    """A lookupd as ``/listlookup`` announces it."""
+    host = directory.broadcast_address
+    return {
+        "ID": f"{host}:{lookupd.rpc_port}:{lookupd.tcp_port}:nsqlookup",
+        "NodeIP": host,
+        "TcpPort": str(lookupd.tcp_port),
+        "HttpPort": str(lookupd.http_port),
+        "RpcPort": str(lookupd.rpc_port),
+        "Epoch": 0,
+    }
 
 
 def _raising(status: int, message: str, mode: Mode) -> Route:

@@ -58,6 +58,7 @@ from smartnsq.protocol.server import (
     split_mpub,
 )
 from smartnsq.protocol.validation import MAX_DESIRED_TAG_LENGTH, TRACE_ID_KEY
+from smartnsq.testing.directory import CLASSIC_VERSION, YOUZAN_VERSION, Directory
 from smartnsq.testing.golang import (
     JsonParseError,
     JsonValue,
@@ -85,14 +86,13 @@ from smartnsq.testing.publish import (
 from smartnsq.testing.state import Channel, Delivery, Partition, PartitionLog, Topic
 
 if TYPE_CHECKING:
-    from smartnsq.testing.cluster import Cluster
+    from smartnsq.testing.changes import Changes
+    from smartnsq.testing.topology import Topology
 
 __all__ = ["ClientSession", "NodeSettings", "NsqdNode"]
 
 log = logging.getLogger("smartnsq.testing.nsqd")
 
-YOUZAN_VERSION = "0.3.7-HA.1.13.0"
-CLASSIC_VERSION = "1.3.0"
 _READ_SIZE = 64 * 1024
 _OK_FRAME = encode_response(OK)  # the answer to nearly every PUB
 _BAD_PROTOCOL_FRAME = encode_error(b"E_BAD_PROTOCOL")  # a literal: no description, no space
@@ -165,40 +165,69 @@ def _ext_not_supported(topic: Topic) -> ClientError:
 
 
 class NsqdNode:
-    """One emulated nsqd: a TCP listener (protocol V2) and an HTTP listener."""
+    """One emulated nsqd: its TCP listener (protocol V2) and what its sessions and HTTP API
+    share. Its ports and whether it runs are its entry in the cluster's directory."""
 
-    def __init__(self, cluster: Cluster, index: int, settings: NodeSettings) -> None:
-        self.cluster = cluster
+    def __init__(
+        self,
+        index: int,
+        settings: NodeSettings,
+        directory: Directory,
+        topology: Topology,
+        changes: Changes,
+        track: Callable[[asyncio.Task[Any]], None],
+    ) -> None:
         self.index = index
         self.settings = settings
-        self.host = cluster.host  # bind address
-        self.tcp_port = cluster.planned_port(index, "tcp")
-        self.http_port = 0
-        self.running = False
+        self.directory = directory
+        self.topology = topology
+        self.changes = changes
+        self.track = track  # keeps a background task until done; cancelled when all stops
+        self.entry = directory.nsqds[index]
+        self.classic_topics = topology.classic_topics[index]
         self.sessions: set[ClientSession] = set()
         self.latency = 0.0
         self.heartbeats_enabled = True
         self.start_time = int(time.time())
-        self.classic_topics: dict[str, PartitionLog] = {}
-        self.registration_port = 0
         self._server: asyncio.base_events.Server | None = None
         self._session_ids = 0
 
     # ------------------------------------------------------------------ lifecycle
 
     @property
+    def running(self) -> bool:
+        return self.entry.running
+
+    @property
+    def host(self) -> str:
+        """The bind address."""
+        return self.directory.host
+
+    @property
+    def tcp_port(self) -> int:
+        return self.entry.tcp_port
+
+    @property
+    def http_port(self) -> int:
+        return self.entry.http_port
+
+    @property
+    def registration_port(self) -> int:
+        return self.entry.registration_port
+
+    @property
     def tcp_address(self) -> str:
         """Where a client on this machine connects (not what nsqlookupd announces)."""
-        return f"{self.cluster.local_host}:{self.tcp_port}"
+        return self.directory.tcp_address(self.entry)
 
     @property
     def http_address(self) -> str:
-        return f"{self.cluster.local_host}:{self.http_port}"
+        return self.directory.http_address(self.entry)
 
     @property
     def announced_tcp_address(self) -> str:
         """``broadcast_address:tcp_port``: the address nsqlookupd hands out."""
-        return f"{self.cluster.broadcast_address}:{self.tcp_port}"
+        return self.directory.announced_tcp_address(self.entry)
 
     @property
     def name(self) -> str:
@@ -209,17 +238,12 @@ class NsqdNode:
         self._server = await loop.create_server(
             lambda: ClientSession(self), self.host, self.tcp_port, reuse_address=True
         )
-        self.tcp_port = self._server.sockets[0].getsockname()[1]
-        self.running = True
         self.start_time = int(time.time())
-        self.cluster.registrations += 1
-        # A stand-in for the ephemeral port of nsqd's connection to nsqlookupd: it changes
-        # on every restart, like the "id"/"remote_address" lookupd reports.
-        self.registration_port = 30000 + (self.cluster.registrations * 7 + self.index) % 30000
+        self.directory.nsqd_started(self.index, self._server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
         """Stop like a crash: listener closed, every connection reset."""
-        self.running = False
+        self.directory.nsqd_stopped(self.index)
         if self._server is not None:
             self._server.close()
             self._server = None
@@ -259,7 +283,8 @@ class ClientSession(asyncio.BufferedProtocol):
     def __init__(self, node: NsqdNode) -> None:
         self.node = node
         self.settings = node.settings
-        self.cluster = node.cluster
+        self.topology = node.topology
+        self.changes = node.changes
         self.label = node.next_session_label()
         youzan = self.settings.youzan
         self.parser = CommandParser(
@@ -319,8 +344,8 @@ class ClientSession(asyncio.BufferedProtocol):
             channel = self.channel
             self.channel = None
             channel.remove_client(self)
-            self.cluster.client_left(channel)
-        self.cluster.changed()
+            self.topology.client_left(channel)
+        self.changes.changed()
 
     # Reads land in one buffer per session (recv_into), not in a fresh 256 KiB bytes object
     # per read, whose cost swings with the allocator's state. Written here rather than
@@ -614,7 +639,7 @@ class ClientSession(asyncio.BufferedProtocol):
             if self.transport is not None:
                 self.transport.pause_reading()
             task = self._loop.create_task(self._upgrade_tls(codec))
-            self.cluster.track(task)
+            self.node.track(task)
         elif codec is not None:
             self._install_codec(codec)
 
@@ -696,8 +721,8 @@ class ClientSession(asyncio.BufferedProtocol):
             )
         if not self.settings.youzan:
             self._check_auth("SUB")
-            log_ = self.cluster.classic_topic(self.node, topic_name)
-            channel = self.cluster.ensure_channel(log_, channel_name)
+            log_ = self.topology.classic_topic(self.node.index, topic_name)
+            channel = self.topology.ensure_channel(log_, channel_name)
             return self._join(channel, detail=False, ext=False)
 
         # Only a fourth word is a partition: SUB_ADVANCED with a start position (five
@@ -727,7 +752,7 @@ class ClientSession(asyncio.BufferedProtocol):
             raise ClientError(
                 "E_SUB_CHANNEL_NOT_REGISTERED", "channel is not registered under topic."
             )
-        channel = self.cluster.ensure_channel(partition.log, channel_name)
+        channel = self.topology.ensure_channel(partition.log, channel_name)
         if not topic.ext:
             self.desired_tag = ""  # a tag means nothing on a topic without ext
         if kind == "SUB_ORDERED" and self.sample_rate:
@@ -766,7 +791,7 @@ class ClientSession(asyncio.BufferedProtocol):
         self.ext_block = ext and self.extend_support
         self._plain_frames = not (self.detail or self.ext_block)
         channel.add_client(self)
-        self.cluster.changed()
+        self.changes.changed()
         return OK
 
     def _existing(self, topic_name: str, partition_id: int) -> tuple[Topic, Partition]:
@@ -776,7 +801,9 @@ class ClientSession(asyncio.BufferedProtocol):
         if partition_id < -1:
             raise ClientError(TOPIC_NOT_EXIST, "")
         try:
-            return resolve_partition(self.cluster, self.node.index, topic_name, partition_id)
+            return resolve_partition(
+                self.topology.topics, self.node.index, topic_name, partition_id
+            )
         except PublishError as exc:
             raise _refused(exc) from None
 
@@ -821,7 +848,7 @@ class ClientSession(asyncio.BufferedProtocol):
 
     def _published(self, count: int) -> None:
         self.published += count
-        self.cluster.changed()
+        self.changes.changed()
 
     def _pub(self, command: ClientCommand) -> bytes | None:
         if not self.settings.youzan:
@@ -976,7 +1003,7 @@ class ClientSession(asyncio.BufferedProtocol):
             raise ClientError(
                 "E_BAD_TOPIC", f"{prefix}{kind} topic name {go_quote(params[0])} is not valid"
             )
-        return self.cluster.classic_topic(self.node, name)
+        return self.topology.classic_topic(self.node.index, name)
 
     def _classic_message(self, kind: str, command: ClientCommand) -> bytes:
         """A single message body: E_BAD_MESSAGE when empty or above max_msg_size."""
@@ -1084,12 +1111,12 @@ class ClientSession(asyncio.BufferedProtocol):
         if self.settings.youzan:
             if not _valid_internal_id(message_id):
                 raise ClientError("E_INVALID", "Invalid Message ID")
-            partition = self.cluster.partition_of(channel.log)
+            partition = self.topology.partition_of(channel.log)
             if partition is not None and partition.leader != self.node.index:
                 raise ClientError("E_FAILED_ON_NOT_LEADER", "")
         if not channel.finish(message_id, self):
             raise self._id_failed("E_FIN_FAILED", "FIN", message_id)
-        self.cluster.changed()
+        self.changes.changed()
         return None
 
     def _fins_allowed(self) -> bool:
@@ -1100,7 +1127,7 @@ class ClientSession(asyncio.BufferedProtocol):
         channel = self.channel
         if channel is None:
             return False
-        partition = self.cluster.partition_of(channel.log)
+        partition = self.topology.partition_of(channel.log)
         return partition is None or partition.leader == self.node.index
 
     def _finish_many(self, message_ids: list[bytes]) -> None:
@@ -1115,7 +1142,7 @@ class ClientSession(asyncio.BufferedProtocol):
         for message_id in failed:
             self._write(encode_error(self._id_failed("E_FIN_FAILED", "FIN", message_id).text))
         if len(failed) < len(message_ids):
-            self.cluster.changed()
+            self.changes.changed()
         if invalid is not None:
             self._fatal(ClientError("E_INVALID", "Invalid Message ID"))
 
@@ -1137,7 +1164,7 @@ class ClientSession(asyncio.BufferedProtocol):
             return None  # youzan ignores a delayed REQ on an ordered channel, known id or not
         if not channel.requeue_message(message_id, self, delay):
             raise self._id_failed("E_REQ_FAILED", "REQ", message_id)
-        self.cluster.changed()
+        self.changes.changed()
         return None
 
     def _touch(self, command: ClientCommand) -> bytes | None:

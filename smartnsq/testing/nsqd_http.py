@@ -95,8 +95,8 @@ class NsqdHttpApi:
         node = self.node
         info: dict[str, Any] = {
             "version": node.settings.version,
-            "broadcast_address": node.cluster.broadcast_address,
-            "hostname": node.cluster.hostname,
+            "broadcast_address": node.directory.broadcast_address,
+            "hostname": node.directory.hostname,
             "http_port": node.http_port,
             "tcp_port": node.tcp_port,
             "start_time": node.start_time,
@@ -121,7 +121,7 @@ class NsqdHttpApi:
         return stats
 
     def _published(self) -> None:
-        self.node.cluster.changed()
+        self.node.changes.changed()
 
     # ------------------------------------------------------------------ youzan publish
 
@@ -145,7 +145,7 @@ class NsqdHttpApi:
         if channel:
             _channel_arg(request)
         try:
-            return resolve_partition(self.node.cluster, self.node.index, name, partition_id)
+            return resolve_partition(self.node.topology.topics, self.node.index, name, partition_id)
         except PublishError as exc:
             raise _error(404, exc) from None
 
@@ -271,7 +271,7 @@ class NsqdHttpApi:
             check_leader(partition, self.node.index)
         except PublishError as exc:
             raise _error(400, exc) from None
-        self.node.cluster.ensure_channel(partition.log, _channel_arg(request))
+        self.node.topology.ensure_channel(partition.log, _channel_arg(request))
 
     # ------------------------------------------------------------------ classic
 
@@ -282,7 +282,7 @@ class NsqdHttpApi:
         name = request.query["topic"][0]
         if not valid_name(name):
             raise ApiError(400, "INVALID_TOPIC")
-        return self.node.cluster.classic_topic(self.node, name)
+        return self.node.topology.classic_topic(self.node.index, name)
 
     def _classic_pub(self, request: Request) -> str:
         settings = self.node.settings
@@ -325,7 +325,7 @@ class NsqdHttpApi:
             raise ApiError(400, "MISSING_ARG_TOPIC")
         if name not in self.node.classic_topics:
             raise ApiError(404, "TOPIC_NOT_FOUND")
-        self.node.cluster.delete_classic_topic(self.node, name)
+        self.node.topology.delete_classic_topic(self.node.index, name)
 
     def _classic_channel_create(self, request: Request) -> None:
         name = request.arg("topic") or ""
@@ -337,7 +337,7 @@ class NsqdHttpApi:
         log_ = self.node.classic_topics.get(name)
         if log_ is None:
             raise ApiError(404, "TOPIC_NOT_FOUND")
-        self.node.cluster.ensure_channel(log_, channel)
+        self.node.topology.ensure_channel(log_, channel)
 
 
 def _channel_arg(request: Request) -> str:

@@ -74,10 +74,9 @@ def go_time(ns: int) -> str:
 
 
 def youzan_stats(node: NsqdNode, query: StatsQuery) -> dict[str, Any]:
-    cluster = node.cluster
     held: list[Partition] = [
         p
-        for t in cluster.topics.values()
+        for t in node.topology.topics.values()
         if not query.topic or t.name == query.topic
         for p in t.partitions.values()
         if node.index in p.replicas

@@ -1,6 +1,6 @@
 """Publishing rules of the emulated nsqd, shared by its TCP and HTTP front ends.
 
-Pure functions over the cluster state: which partition a publish targets, whether this node
+Pure functions over the topology's data: which partition a publish targets, whether this node
 may write it, how message bodies are split and how an ext header is validated and stored.
 Each front end maps :class:`PublishError` codes to its own answer (an error frame over TCP,
 a status and message over HTTP), so the two paths cannot drift on the rules themselves.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from smartnsq.protocol.message import EXT_VERSION_JSON
@@ -18,7 +19,6 @@ from smartnsq.protocol.validation import TRACE_ID_KEY, UINT64_MAX
 from smartnsq.testing.golang import go_parse_int
 
 if TYPE_CHECKING:
-    from smartnsq.testing.cluster import Cluster
     from smartnsq.testing.state import Partition, PartitionLog, Record, Topic
 
 __all__ = [
@@ -81,12 +81,13 @@ def default_partition(topic: Topic, node_index: int) -> int:
 
 
 def resolve_partition(
-    cluster: Cluster, node_index: int, topic_name: str, partition_id: int
+    topics: Mapping[str, Topic], node_index: int, topic_name: str, partition_id: int
 ) -> tuple[Topic, Partition]:
-    """The topic partition a publish targets on this node (-1: the default partition).
+    """The topic partition a publish targets on this node (-1: the default partition), among
+    the cluster's ``topics``.
 
     Raises E_TOPIC_NOT_EXIST when the node holds no such partition (leader or replica)."""
-    topic = cluster.topics.get(topic_name)
+    topic = topics.get(topic_name)
     if topic is None:
         raise PublishError(TOPIC_NOT_EXIST)
     if partition_id < 0:

@@ -7,7 +7,7 @@ import ssl
 import subprocess
 from pathlib import Path
 
-from smartnsq.testing.cluster import ClusterError
+from smartnsq.testing.errors import ClusterError
 
 __all__ = ["self_signed_contexts"]
 
