@@ -358,10 +358,13 @@ class Channel:
         self.schedule_pump()
 
     def remove_client(self, client: Subscriber) -> None:
-        """The client left: its in-flight messages go back to the queue (attempts kept)."""
+        """The client left. youzan puts its in-flight messages back in the queue at once
+        (attempts kept); classic nsqd leaves them in flight until their msg_timeout, so a
+        client that leaves without answering holds them up to a minute."""
         if client in self.clients:
             self.clients.remove(client)
-        self._take_back([d for d in self.in_flight.values() if d.client is client])
+        if self.youzan:
+            self._take_back([d for d in self.in_flight.values() if d.client is client])
 
     def _take_back(self, deliveries: list[Delivery]) -> None:
         """In-flight messages back to the front of the queue, in log order."""

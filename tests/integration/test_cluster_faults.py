@@ -329,3 +329,37 @@ async def test_rdy_out_of_range_is_fatal(youzan: Cluster, count: bytes, expected
     client = await _consumer(youzan, 1, "ptest", "r", 0, rdy=1)
     assert await client.error(b"RDY %s\n" % count) == expected
     assert await client.closed()
+
+
+@pytest.mark.parametrize("classic", [False, True], ids=["youzan", "classic"])
+async def test_a_client_leaving_with_messages_in_flight(classic: bool) -> None:
+    """youzan puts a leaving client's in-flight messages back at once (protocol_v2's
+    RequeueClientMessages); classic nsqd (RemoveClient) leaves them in flight until their
+    msg_timeout, so another consumer gets them only then."""
+    layout = MessageLayout.classic() if classic else YOUZAN
+    partition = None if classic else 0
+    async with Cluster(nodes=1, classic=classic) as cluster:
+        if not classic:  # classic nsqd: the SUB below creates the topic and the channel
+            await cluster.create_topic("t", 1, 1, channels=["c"])
+        producer = await _producer(cluster, 0)
+        leaving = await RawClient.identified(cluster.nsqd_addresses[0], msg_timeout=1000)
+        await leaving.ok(c.sub("t", "c", partition))
+        leaving.send(c.rdy(1))
+        await producer.ok(c.pub("t", b"unanswered", partition))
+        message = await leaving.message(layout)
+        staying = await RawClient.identified(cluster.nsqd_addresses[0])
+        await staying.ok(c.sub("t", "c", partition))
+        staying.send(c.rdy(1))
+        left_at = time.monotonic()
+        await leaving.close()
+        again = await staying.message(layout, timeout=5)
+        waited = time.monotonic() - left_at
+        assert (again.id, again.attempts) == (message.id, 2)
+        if classic:
+            assert waited >= 0.9  # the leaving client's msg_timeout (1 s)
+            assert cluster.channel_record("t", "c").timed_out != []
+        else:
+            assert waited < 0.9
+            assert cluster.channel_record("t", "c").timed_out == []
+        for client in (producer, staying):
+            await client.close()

@@ -277,3 +277,28 @@ def test_sync_with_message_getmany_and_ordered_iteration() -> None:
             assert [s for s in seen if s.startswith(f"{partition}:")] == [
                 f"{partition}:{seq}" for seq in range(3)
             ]
+
+
+async def test_close_hands_back_what_classic_nsqd_would_hold_a_minute() -> None:
+    """Classic nsqd keeps a departed client's unanswered messages in flight until their
+    msg_timeout (60 s): a consumer that stops after one message must give the rest back
+    (REQ 0) itself, so the next consumer gets them at once."""
+    async with Cluster(classic=True, nodes=1) as cluster:
+        nsqd = cluster.nsqd_addresses
+        async with Producer(nsqd=nsqd) as producer:
+            await producer.publish("events", b"first")  # creates the topic
+            first = Consumer("events", "c", nsqd=nsqd, max_in_flight=10)
+            async with first:
+                await producer.publish_many("events", [b"%d" % i for i in range(5)])
+                await cluster.wait_for(lambda: cluster.in_flight("events", "c") == 6)
+                taken = await first.__anext__()
+                await taken.finish()
+        assert first.stats().requeued == 5
+        assert cluster.channel_record("events", "c").timed_out == []
+        async with Consumer("events", "c", nsqd=nsqd, max_in_flight=10) as second:
+            rest = [await asyncio.wait_for(second.__anext__(), 5) for _ in range(5)]
+            for message in rest:
+                await message.finish()
+    assert sorted(m.body for m in [taken, *rest]) == sorted(
+        [b"first", b"0", b"1", b"2", b"3", b"4"]
+    )
