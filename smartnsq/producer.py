@@ -9,12 +9,13 @@ policy (``smartnsq.retry``) decides what to try again.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import json
 import logging
 import random
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, cast
@@ -521,9 +522,9 @@ class Producer:
         count = len(data)
         if isinstance(keys, (str, bytes)) or len(keys) != count:
             raise ValidationError("sharding_keys", f"give one key per body ({count} bodies)")
-        for index, key in enumerate(keys):
-            if key is None:
-                raise ValidationError(f"sharding_keys[{index}]", "a key is required")
+        if None in keys:
+            index = next(i for i, key in enumerate(keys) if key is None)
+            raise ValidationError(f"sharding_keys[{index}]", "a key is required")
         ids: list[int] | None = None
         if trace_ids is not None:
             if len(trace_ids) != count:
@@ -542,18 +543,17 @@ class Producer:
             await self.start()
         targets = await self._key_targets(topic, keys)
         groups: dict[int | str, list[int]] = {}
+        for target in set(targets):
+            groups[target] = []
+        appenders = {target: group.append for target, group in groups.items()}
         for index, target in enumerate(targets):
-            group = groups.get(target)
-            if group is None:
-                groups[target] = [index]
-            else:
-                group.append(index)
+            appenders[target](index)
         auto = not trace and ids is None and encoded is None and self.tracing(topic)
         if (trace or auto) and ids is None:
             ids = _new_trace_ids(count)
         requests = []
         for target, indexes in groups.items():
-            batch = [data[i] for i in indexes]
+            batch = [data[i] for i in indexes] if len(groups) > 1 else data
             size = 4 + 4 * len(batch) + sum(map(len, batch))
             if size > self.max_body_size:
                 raise ValidationError(
@@ -579,17 +579,16 @@ class Producer:
             *(self._run(request, timeout) for _, request in requests), return_exceptions=True
         )
         results: list[PublishResult | None] = [None] * count
+        place = results.__setitem__
         for (indexes, _), outcome in zip(requests, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 raise outcome
-            for index, result in zip(indexes, outcome, strict=True):
-                results[index] = result
+            collections.deque(map(place, indexes, outcome), maxlen=0)
         return cast("list[PublishResult]", results)  # every index is in exactly one group
 
     async def _key_targets(self, topic: str, keys: Sequence[Any]) -> list[int | str]:
         """Where each key publishes: a partition (youzan) or an nsqd address (classic), by
         the rules of _route_youzan and _route_classic. Bad keys raise, naming their index."""
-        partition_for = self.sharder.partition_for
         routes: Sequence[_Route]
         if self._lookup is None:
             routes = self._direct_routes
@@ -602,11 +601,11 @@ class Producer:
                 count = table.partition_num
                 if count <= 0:
                     raise NoWritablePartitionError(f"topic {topic!r}: partition count unknown")
-                return list(_map_keys(partition_for, keys, count))
+                return list(self.sharder.partitions_for(keys, count))
             routes = table.classic_routes
         if not routes:
             raise NoWritablePartitionError(f"no nsqd publishes topic {topic!r} yet")
-        return [routes[i].address for i in _map_keys(partition_for, keys, len(routes))]
+        return [routes[i].address for i in self.sharder.partitions_for(keys, len(routes))]
 
     def _common_args(self, request: _Publish, partition: int | None, key: Any) -> None:
         if partition is not None and key is not None:
@@ -1049,16 +1048,6 @@ def _delay_ms(delay: float) -> int:
     if ms > MAX_DPUB_DELAY_MS:
         raise ValidationError("delay", f"must be at most {MAX_DPUB_DELAY_MS // 1000} s")
     return ms
-
-
-def _map_keys(
-    partition_for: Callable[[Any, int], int], keys: Sequence[Any], count: int
-) -> Iterator[int]:
-    for index, key in enumerate(keys):
-        try:
-            yield partition_for(key, count)
-        except ValidationError as exc:
-            raise ValidationError(f"sharding_keys[{index}]", exc.reason) from None
 
 
 def _describe_target(target: int | str) -> str:

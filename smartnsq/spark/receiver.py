@@ -379,8 +379,8 @@ class Receiver:
             quiet = self._loop.time() - self._last_arrival
             if quiet >= idle:
                 return
-            if quiet >= _SETTLE and consumer is not None and consumer.is_starved():
-                return  # the in-flight budget is used up: nothing more can arrive now
+            if self._journal is None and quiet >= _SETTLE and consumer and consumer.is_starved():
+                return  # hold mode, in-flight budget used up: nothing more can arrive now
             arrived.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(arrived.wait(), min(idle - quiet, _SETTLE))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 from collections import Counter
 from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -47,12 +48,12 @@ class Published(WriterCommitMessage):
     def add(self, topic: str, results: Sequence[PublishResult]) -> None:
         self.rows += len(results)
         per_target = self.counts.setdefault(topic, {})
-        for target, count in Counter(map(_target, results)).items():
+        for (partition, address), count in Counter(map(_where, results)).items():
+            target = address if partition is None else str(partition)
             per_target[target] = per_target.get(target, 0) + count
 
 
-def _target(result: PublishResult) -> str:
-    return result.address if result.partition is None else str(result.partition)
+_where = operator.attrgetter("partition", "address")
 
 
 def report_commit(messages: Sequence[WriterCommitMessage | None], batch_id: int | None) -> int:
@@ -169,6 +170,10 @@ class _Rows:
             for values in (self.trace_ids, self.exts, self.delays)
         )
         sizes = list(map(len, self.bodies))
+        if uniform and sizes and 4 + max_rows * (4 + max(sizes)) <= max_bytes:
+            for first in range(0, self.count, max_rows):
+                yield range(first, min(first + max_rows, self.count))
+            return
         start = 0
         used = 4
         kind = None if uniform else self.kind(0)
