@@ -2,9 +2,11 @@
 and Consumer, measured in the same run on fresh embedded clusters.
 
 Each measurement gets a fresh ``smartnsq cluster`` pinned to core 0 (youzan, one topic of 4
-partitions). This process, the direct clients it runs and the Spark session it starts
-(``local[2]``: the JVM and its Python workers inherit the affinity) are pinned to
-``--client-cpus`` (default core 1: the same single core the direct clients get).
+partitions). The direct clients run in this process, pinned to ``--client-cpu`` (core 1), as in
+bench/producer.py and bench/consumer.py. The Spark session (``local[2]``: the JVM and its Python
+workers inherit the affinity it starts with) gets ``--spark-cpus``: by default both cores,
+shared with the cluster, as Spark would run on this machine; ``--spark-cpus 1`` confines it
+to the direct clients' single core.
 
 * sink: ``df.write.format("nsq")`` of ``--rows`` rows (100-byte bodies, a long
   ``sharding_key``, 2 tasks) against ``Producer.publish_many(..., sharding_keys=...)`` of the
@@ -52,15 +54,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--per-trigger", type=int, default=100_000, help="source, journal mode")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--cluster-cpu", type=int, default=0)
-    parser.add_argument("--client-cpus", default="1", help="comma list: this process and Spark")
+    parser.add_argument("--client-cpu", type=int, default=1, help="the direct clients")
+    parser.add_argument("--spark-cpus", default="0,1", help="comma list: the Spark session")
     parser.add_argument("--only", help="sink or source")
     parser.add_argument("--json", type=Path, help="write the runs and medians here")
     args = parser.parse_args(argv)
     exit_on_sigterm()
-    cpus = {int(c) for c in args.client_cpus.split(",")}
-    if hasattr(os, "sched_setaffinity") and max(cpus) < (os.cpu_count() or 1):
-        os.sched_setaffinity(0, cpus)
-    spark = _spark_session()
+    spark = _spark_session({int(c) for c in args.spark_cpus.split(",")})
+    _pin({args.client_cpu})
     runs: dict[str, list[float]] = {}
     try:
         for round_ in range(1, args.rounds + 1):
@@ -74,7 +75,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _spark_session() -> Any:
+def _pin(cpus: set[int]) -> None:
+    if hasattr(os, "sched_setaffinity") and max(cpus) < (os.cpu_count() or 1):
+        os.sched_setaffinity(0, cpus)
+
+
+def _spark_session(cpus: set[int]) -> Any:
+    _pin(cpus)  # inherited by the JVM, then by its Python workers
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
@@ -109,24 +116,24 @@ def _timed(action: Callable[[], Any]) -> float:
 # --------------------------------------------------------------------------- sink
 
 
-def _fresh(channels: Sequence[str] = ("bench",)) -> Any:
+def _fresh(args: Any, channels: Sequence[str] = ("bench",)) -> Any:
     return spawn_cluster(
         topics=[f"{TOPIC}:{PARTITIONS}:1"],
         channels=[f"{TOPIC}:{c}" for c in channels],
-        cpu=0,
+        cpu=args.cluster_cpu,
     )
 
 
 def _sink_round(spark: Any, args: Any, runs: dict[str, list[float]], round_: int) -> None:
     rows = args.rows
     keys = [(i * 7919) % 100_003 for i in range(rows)]
-    with _fresh() as cluster:
+    with _fresh(args) as cluster:
         seconds = asyncio.run(_publish_keyed(cluster, keys, args.max_batch))
         _record(runs, "producer publish_many keyed", rows / seconds, round_)
-    with _fresh() as cluster:
+    with _fresh(args) as cluster:
         seconds = asyncio.run(_publish_batches(cluster, rows, 100))
         _record(runs, "producer publish_many 100", rows / seconds, round_)
-    with _fresh() as cluster:
+    with _fresh(args) as cluster:
         frame = spark.range(0, rows, 1, 2).selectExpr(
             f"concat(repeat('x', {len(BODY) - 8}), lpad(cast(id as string), 8, '0')) as body",
             "(id * 7919) % 100003 as sharding_key",
@@ -166,7 +173,7 @@ async def _publish_batches(cluster: Cluster, rows: int, batch: int) -> float:
 
 def _source_round(spark: Any, args: Any, runs: dict[str, list[float]], round_: int) -> None:
     messages = args.messages
-    with _fresh(("bench", "hold", "journal")) as cluster:
+    with _fresh(args, ("bench", "hold", "journal")) as cluster:
         asyncio.run(prefill(cluster.info, TOPIC, messages))
         seconds = asyncio.run(_consume(cluster, messages))
         _record(runs, "consumer", messages / seconds, round_)
@@ -230,9 +237,11 @@ def _stream(
 
 def _report(runs: dict[str, list[float]], args: Any) -> None:
     medians = {name: statistics.median(rates) for name, rates in runs.items()}
-    print(f"smartnsq.spark, youzan {PARTITIONS} partitions; cluster on core {args.cluster_cpu},")
-    print(f"this process, the direct clients and Spark local[2] on cores {args.client_cpus};")
-    print(f"medians of {args.rounds} round(s)")
+    print(
+        f"smartnsq.spark, youzan {PARTITIONS} partitions; cluster on core {args.cluster_cpu}, "
+        f"direct clients on core {args.client_cpu}, Spark local[2] on cores {args.spark_cpus}; "
+        f"medians of {args.rounds} round(s)"
+    )
     for name, rate in medians.items():
         print(f"  {name:<28}{rate:>12,.0f} rows/s")
     producer = max(

@@ -25,7 +25,7 @@ from typing import BinaryIO
 
 from smartnsq.errors import NSQError
 
-__all__ = ["Journal", "JournalError"]
+__all__ = ["Framed", "Journal", "JournalError"]
 
 _HEAD = struct.Struct("<II")
 _SEQ = struct.Struct("<Q")
@@ -35,6 +35,15 @@ _LOCK = "lock"
 
 class JournalError(NSQError):
     """The journal cannot be used: locked by another reader, damaged, or not writable."""
+
+
+@dataclass(frozen=True)
+class Framed:
+    """Records encoded by :meth:`Journal.frame`, ready for :meth:`Journal.write`."""
+
+    first: int
+    last: int
+    data: bytes
 
 
 @dataclass
@@ -58,6 +67,7 @@ class Journal:
         self._written = 0
         self._lock: int | None = None
         self.last_seq = 0
+        self._framed_last = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -89,7 +99,7 @@ class Journal:
             self._segments.append(_Segment(path, found[0][0], found[-1][0]))
             records.extend(found)
         if records:
-            self.last_seq = records[-1][0]
+            self.last_seq = self._framed_last = records[-1][0]
         return records
 
     def close(self) -> None:
@@ -111,32 +121,45 @@ class Journal:
     def append(self, records: Iterable[tuple[int, bytes]]) -> None:
         """Write records (sequence numbers above every one written before), then flush and,
         with ``sync``, fsync: when this returns they survive a crash."""
-        if self._lock is None:
-            raise JournalError("the journal is not open")
+        self.write(self.frame(records))
+
+    def frame(self, records: Iterable[tuple[int, bytes]]) -> Framed:
+        """Encode records for :meth:`write` (pure CPU: callers may do it on another thread
+        than the write, whose system calls release the GIL)."""
         chunks = []
         first = last = None
+        previous = self._framed_last
         for seq, payload in records:
-            if seq <= self.last_seq or (last is not None and seq <= last):
-                raise JournalError(f"sequence number {seq} does not follow {last or self.last_seq}")
+            if seq <= previous:
+                raise JournalError(f"sequence number {seq} does not follow {previous}")
             body = _SEQ.pack(seq) + payload
             chunks.append(_HEAD.pack(len(body), zlib.crc32(body)))
             chunks.append(body)
-            first = seq if first is None else first
-            last = seq
+            if first is None:
+                first = seq
+            last = previous = seq
         if first is None or last is None:
+            return Framed(0, 0, b"")
+        self._framed_last = last
+        return Framed(first, last, b"".join(chunks))
+
+    def write(self, framed: Framed) -> None:
+        """Write records encoded by :meth:`frame`, in the order they were framed."""
+        if self._lock is None:
+            raise JournalError("the journal is not open")
+        if not framed.data:
             return
-        data = b"".join(chunks)
         try:
-            handle = self._writable(first)
-            handle.write(data)
+            handle = self._writable(framed.first)
+            handle.write(framed.data)
             handle.flush()
             if self.sync:
                 os.fsync(handle.fileno())
         except OSError as exc:
             raise JournalError(f"cannot write the journal {self.directory}: {exc}") from exc
-        self._written += len(data)
-        self._segments[-1].last = last
-        self.last_seq = last
+        self._written += len(framed.data)
+        self._segments[-1].last = framed.last
+        self.last_seq = framed.last
 
     def _writable(self, first: int) -> BinaryIO:
         if self._file is not None and self._written < self.segment_bytes:

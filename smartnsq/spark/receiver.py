@@ -256,7 +256,8 @@ class Receiver:
                     entry.seq = self._next_seq
                     self._next_seq += 1
                     records.append((entry.seq, encode_row(entry.row)))
-                await asyncio.to_thread(journal.append, records)
+                # Encoded here; the thread only writes (and fsyncs), releasing the GIL.
+                await asyncio.to_thread(journal.write, journal.frame(records))
                 for entry in entries:
                     self._release(entry, _FIN)
                     self._add_pending(entry)

@@ -70,31 +70,36 @@ _PARTITION, _TRACE, _OFFSET, _RAW_SIZE, _EXT = 1, 2, 4, 8, 16
 
 
 def encode_row(row: Row) -> bytes:
-    flags = 0
-    for bit, value in (
-        (_PARTITION, row.partition),
-        (_TRACE, row.trace_id),
-        (_OFFSET, row.queue_offset),
-        (_RAW_SIZE, row.raw_size),
-        (_EXT, row.ext),
-    ):
-        if value is not None:
-            flags |= bit
+    partition, trace_id, offset, raw_size, ext = (
+        row.partition,
+        row.trace_id,
+        row.queue_offset,
+        row.raw_size,
+        row.ext,
+    )
+    flags = (
+        (partition is not None and _PARTITION)
+        | (trace_id is not None and _TRACE)
+        | (offset is not None and _OFFSET)
+        | (raw_size is not None and _RAW_SIZE)
+        | (ext is not None and _EXT)
+    )
     message_id = row.message_id.encode("ascii", "replace")
-    ext = b"" if row.ext is None else json.dumps(dict(row.ext)).encode()
+    ext_json = b"" if ext is None else json.dumps(dict(ext)).encode()
+    body = row.body
     head = _HEAD.pack(
         flags,
-        row.partition or 0,
-        row.trace_id or 0,
-        row.queue_offset or 0,
-        row.raw_size or 0,
+        partition or 0,
+        trace_id or 0,
+        offset or 0,
+        raw_size or 0,
         row.attempts,
         row.timestamp_us,
         len(message_id),
-        len(ext),
-        len(row.body),
+        len(ext_json),
+        len(body),
     )
-    return b"".join((head, message_id, ext, row.body))
+    return b"".join((head, message_id, ext_json, body))
 
 
 def decode_row(data: bytes) -> Row:
@@ -138,20 +143,31 @@ def record_batches(topic: str, rows: Sequence[Row], schema: pa.Schema) -> list[p
 
 
 def _batch(topic: str, rows: list[Row], schema: pa.Schema) -> pa.RecordBatch:
+    count = len(rows)
     (body, partition, message_id, trace_id, offset, raw_size, attempts, timestamp, ext) = zip(
         *rows, strict=True
     )
     types = {field.name: field.type for field in schema}
+
+    def column(name: str, values: tuple[Any, ...]) -> pa.Array:
+        first = values[0]
+        if first is None and values.count(None) == count:
+            return pa.nulls(count, types[name])
+        return pa.array(values, types[name])
+
     columns = {
         "body": pa.array(body, types["body"]),
-        "topic": pa.array([topic] * len(rows), types["topic"]),
-        "partition": pa.array(partition, types["partition"]),
+        "topic": pa.repeat(pa.scalar(topic, types["topic"]), count),
+        # one partition per batch (record_batches groups by it)
+        "partition": pa.repeat(pa.scalar(partition[0], types["partition"]), count),
         "message_id": pa.array(message_id, types["message_id"]),
-        "trace_id": pa.array(trace_id, types["trace_id"]),
-        "queue_offset": pa.array(offset, types["queue_offset"]),
-        "raw_size": pa.array(raw_size, types["raw_size"]),
+        "trace_id": column("trace_id", trace_id),
+        "queue_offset": column("queue_offset", offset),
+        "raw_size": column("raw_size", raw_size),
         "attempts": pa.array(attempts, types["attempts"]),
         "timestamp": pa.array(timestamp, pa.int64()).cast(types["timestamp"]),
-        "ext": pa.array([None if e is None else list(e) for e in ext], types["ext"]),
+        "ext": column("ext", tuple(None if e is None else list(e) for e in ext))
+        if ext.count(None) != count
+        else pa.nulls(count, types["ext"]),
     }
     return pa.RecordBatch.from_arrays([columns[f.name] for f in schema], schema=schema)
