@@ -41,6 +41,7 @@ from _common import BODY, Cluster, exit_on_sigterm, log, prefill, spawn_cluster
 import smartnsq
 
 TOPIC = "bench"
+WARM = "warmup"
 PARTITIONS = 4
 TARGETS = {"sink": 0.5, "source": 0.3}
 
@@ -118,8 +119,8 @@ def _timed(action: Callable[[], Any]) -> float:
 
 def _fresh(args: Any, channels: Sequence[str] = ("bench",)) -> Any:
     return spawn_cluster(
-        topics=[f"{TOPIC}:{PARTITIONS}:1"],
-        channels=[f"{TOPIC}:{c}" for c in channels],
+        topics=[f"{TOPIC}:{PARTITIONS}:1", f"{WARM}:1:1"],
+        channels=[f"{TOPIC}:{c}" for c in channels] + [f"{WARM}:{WARM}"],
         cpu=args.cluster_cpu,
     )
 
@@ -175,15 +176,19 @@ def _source_round(spark: Any, args: Any, runs: dict[str, list[float]], round_: i
     messages = args.messages
     with _fresh(args, ("bench", "hold", "journal")) as cluster:
         asyncio.run(prefill(cluster.info, TOPIC, messages))
+        asyncio.run(prefill(cluster.info, WARM, 2000))
         seconds = asyncio.run(_consume(cluster, messages))
         _record(runs, "consumer", messages / seconds, round_)
         with tempfile.TemporaryDirectory(prefix="smartnsq-bench-spark-") as tmp:
+            # warm-up: the session's first streaming read starts its executors' workers
+            _stream(spark, cluster, WARM, {}, 2000, Path(tmp) / "warm", topic=WARM)
             hold = {"maxInFlight": args.max_in_flight}
             seconds = _stream(spark, cluster, "hold", hold, messages, Path(tmp) / "hold")
             _record(runs, "spark source (hold)", messages / seconds, round_)
             journal = {
                 "journal": str(Path(tmp) / "journal"),
                 "maxMessagesPerTrigger": args.per_trigger,
+                "maxInFlight": args.max_in_flight,
             }
             seconds = _stream(spark, cluster, "journal", journal, messages, Path(tmp) / "j")
             _record(runs, "spark source (journal)", messages / seconds, round_)
@@ -209,10 +214,16 @@ async def _consume(cluster: Cluster, expected: int) -> float:
 
 
 def _stream(
-    spark: Any, cluster: Cluster, channel: str, options: dict[str, Any], expected: int, tmp: Path
+    spark: Any,
+    cluster: Cluster,
+    channel: str,
+    options: dict[str, Any],
+    expected: int,
+    tmp: Path,
+    topic: str = TOPIC,
 ) -> float:
     reader = spark.readStream.format("nsq").option("lookupd", cluster.lookupd[0])
-    reader = reader.option("topic", TOPIC).option("channel", channel)
+    reader = reader.option("topic", topic).option("channel", channel)
     reader = reader.option("availableNowIdle", "0.3")
     for name, value in options.items():
         reader = reader.option(name, str(value))

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -57,14 +58,19 @@ class _Entry:
     """A message between nsqd and Spark's commit. ``message`` is None once it is finished
     (journal mode, or loaded from the journal); ``answer`` resolves an ordered handler."""
 
-    __slots__ = ("answer", "message", "partition", "row", "seq")
+    __slots__ = ("answer", "consumer", "message", "partition", "row", "seq")
 
     def __init__(
-        self, row: Row, message: Message | None, answer: asyncio.Future[str] | None
+        self,
+        row: Row,
+        message: Message | None,
+        consumer: Consumer | None,
+        answer: asyncio.Future[str] | None,
     ) -> None:
         self.row = row
         self.partition = row.partition
         self.message = message
+        self.consumer = consumer  # the one that delivered it: it alone can answer it
         self.answer = answer
         self.seq = 0
 
@@ -82,17 +88,19 @@ class Receiver:
         )
         self._thread.start()
         self._journal: Journal | None = None
-        self._consumer: Consumer | None = None
+        self._consumers: list[Consumer] = []
         self._pending: deque[_Entry] = deque()  # received, not planned
         self._planned: deque[_Entry] = deque()  # in a micro-batch Spark has not committed
         self._aside: list[_Entry] = []  # published after an availableNow query started
         self._unjournaled: list[_Entry] = []
+        self._journaled_ids: set[str] = set()  # what the journal held when it was opened
         self._flushing: asyncio.Event | None = None
         self._arrived: asyncio.Event | None = None
         self._last_arrival = 0.0
         self._next_seq = 0
         self._cutoff_ns: int | None = None
         self._paused = False
+        self._budgets: list[int] = []
         self._failure: BaseException | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         try:
@@ -145,27 +153,58 @@ class Receiver:
             records = await asyncio.to_thread(journal.open)
             self._journal = journal
             for seq, payload in records:
+                row = decode_row(payload)
+                # A message journaled just before the process died may not have had its FIN
+                # sent: nsqd delivers it again, and it must not be taken twice.
+                self._journaled_ids.add(row.message_id)
                 if seq > committed:
-                    entry = _Entry(decode_row(payload), None, None)
+                    entry = _Entry(row, None, None, None)
                     entry.seq = seq
                     self._pending.append(entry)
             self._next_seq = max(journal.last_seq, seen) + 1
             if self._pending:
                 log.info("journal %s: %d messages to replay", options.journal, len(self._pending))
-        handler = self._on_ordered if options.ordered else None
-        consumer = Consumer(
-            options.topic, options.channel, handler=handler, **options.consumer_arguments()
-        )
-        await consumer.start()
-        self._consumer = consumer
-        self._last_arrival = self._loop.time()
-        if handler is None:
-            self._spawn(self._receive(consumer))
-        else:
+        if options.ordered:
+            consumer = self._new_consumer(options.max_in_flight, ordered=True)
+            await consumer.start()
+            self._consumers = [consumer]
             self._spawn(self._watch(consumer))
+        else:
+            self._consumers = await self._start_consumers()
+            for consumer in self._consumers:
+                self._spawn(self._receive(consumer))
+        self._last_arrival = self._loop.time()
         if self._journal is not None:
             self._spawn(self._flush_journal(self._journal))
         self._spawn(self._touch())
+
+    def _new_consumer(self, max_in_flight: int, *, ordered: bool = False) -> Consumer:
+        options = self.options
+        arguments = options.consumer_arguments()
+        arguments["max_in_flight"] = max_in_flight
+        handler = self._on_ordered if ordered else None
+        return Consumer(options.topic, options.channel, handler=handler, **arguments)
+
+    async def _start_consumers(self) -> list[Consumer]:
+        """nsqd lets a connection hold at most MAX_RDY_COUNT unanswered messages: when
+        ``maxInFlight`` asks for more per partition, more consumers (connections) share
+        it."""
+        budget = self.options.max_in_flight
+        first = self._new_consumer(budget)
+        await first.start()
+        connections = max(1, first.stats().connections)
+        count = math.ceil(budget / (MAX_RDY_COUNT * connections))
+        if count <= 1:
+            return [first]
+        share = math.ceil(budget / count)
+        first.set_max_in_flight(share)
+        others = [self._new_consumer(share) for _ in range(count - 1)]
+        try:
+            await asyncio.gather(*(c.start() for c in others))
+        except BaseException:
+            await asyncio.gather(*(c.close(timeout=1.0) for c in [first, *others]))
+            raise
+        return [first, *others]
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(self._loop.create_task(coro))
@@ -174,8 +213,7 @@ class Receiver:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._consumer is not None:
-            await self._consumer.close(timeout=2.0)
+        await asyncio.gather(*(c.close(timeout=2.0) for c in self._consumers))
         if self._journal is not None:
             self._journal.close()
 
@@ -195,7 +233,7 @@ class Receiver:
     async def _receive(self, consumer: Consumer) -> None:
         try:
             async for message in consumer:
-                self._accept(message, None)
+                self._accept(message, consumer, None)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - kept and raised to Spark
@@ -215,17 +253,22 @@ class Receiver:
         """Ordered mode's handler: returning finishes the message, so it returns once the
         journal holds it (or, for a message kept aside, requeues it when told to)."""
         answer: asyncio.Future[str] = self._loop.create_future()
-        self._accept(message, answer)
+        self._accept(message, None, answer)
         if await answer == _REQUEUE:
             await message.requeue(0, backoff=False)
 
-    def _accept(self, message: Message, answer: asyncio.Future[str] | None) -> None:
-        entry = _Entry(row_of(message), message, answer)
+    def _accept(
+        self, message: Message, consumer: Consumer | None, answer: asyncio.Future[str] | None
+    ) -> None:
+        entry = _Entry(row_of(message), message, consumer, answer)
         cutoff = self._cutoff_ns
         if cutoff is not None and message.timestamp > cutoff:
             self._aside.append(entry)
             return
         if self._journal is not None:
+            if entry.row.message_id in self._journaled_ids:
+                self._release(entry, _FIN)  # the journal has it already
+                return
             self._unjournaled.append(entry)
             if self._flushing is not None:
                 self._flushing.set()
@@ -269,16 +312,16 @@ class Receiver:
 
     def _apply_backpressure(self) -> None:
         """Journal mode: pause nsqd while Spark lags, so memory stays bounded."""
-        consumer = self._consumer
-        if consumer is None:
-            return
         limit = self.options.max_buffered_messages
         if not self._paused and len(self._pending) >= limit:
             self._paused = True
-            consumer.set_max_in_flight(0)
+            self._budgets = [c.max_in_flight for c in self._consumers]
+            for consumer in self._consumers:
+                consumer.set_max_in_flight(0)
         elif self._paused and len(self._pending) < limit // 2:
             self._paused = False
-            consumer.set_max_in_flight(self.options.max_in_flight)
+            for consumer, budget in zip(self._consumers, self._budgets, strict=True):
+                consumer.set_max_in_flight(budget)
 
     def _release(self, entry: _Entry, how: str) -> None:
         """Finish (or requeue) the entry's message on nsqd, once."""
@@ -290,7 +333,7 @@ class Receiver:
             if not entry.answer.done():
                 entry.answer.set_result(how)
             return
-        consumer = self._consumer
+        consumer = entry.consumer
         if consumer is None or message.responded:
             return
         if how == _FIN:
@@ -300,9 +343,6 @@ class Receiver:
 
     async def _touch(self) -> None:
         """Keep held messages alive: TOUCH each well before nsqd's msg_timeout."""
-        consumer = self._consumer
-        if consumer is None:
-            return
         interval = self.options.msg_timeout / 3
         while True:
             await asyncio.sleep(interval)
@@ -310,7 +350,7 @@ class Receiver:
                 for entry in group:
                     message = entry.message
                     if message is not None and not message.responded:
-                        consumer.touch(message)
+                        await message.touch()
 
     # ------------------------------------------------------------------ planning
 
@@ -357,10 +397,13 @@ class Receiver:
         return batch
 
     def _partition_cap(self) -> int:
-        consumer = self._consumer
-        connections = consumer.stats().connections if consumer is not None else 1
-        share = min(MAX_RDY_COUNT, self.options.max_in_flight // max(1, connections))
-        return max(1, share // 2)
+        """Hold mode: each consumer spreads its budget over its connections, one per
+        partition; a batch takes at most half of what a partition can hold."""
+        capacity = 0
+        for consumer in self._consumers:
+            connections = max(1, consumer.stats().connections)
+            capacity += min(MAX_RDY_COUNT, consumer.max_in_flight // connections)
+        return max(1, capacity // 2)
 
     def _drop_through(self, committed: int) -> None:
         """Journal mode after a restart: entries Spark has already committed go."""
@@ -375,13 +418,13 @@ class Receiver:
             return
         idle = self.options.available_now_idle
         wanted = max_rows or self._hold_capacity()
-        consumer = self._consumer
+        hold = self._journal is None
         while self._failure is None and len(self._pending) < wanted:
             quiet = self._loop.time() - self._last_arrival
             if quiet >= idle:
                 return
-            if self._journal is None and quiet >= _SETTLE and consumer and consumer.is_starved():
-                return  # hold mode, in-flight budget used up: nothing more can arrive now
+            if hold and quiet >= _SETTLE and all(c.is_starved() for c in self._consumers):
+                return  # the in-flight budget is used up: nothing more can arrive now
             arrived.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(arrived.wait(), min(idle - quiet, _SETTLE))
@@ -389,14 +432,14 @@ class Receiver:
     def _hold_capacity(self) -> int:
         if self._journal is not None:
             return self.options.max_buffered_messages
-        consumer = self._consumer
-        connections = consumer.stats().connections if consumer is not None else 1
-        return max(1, connections) * self._partition_cap()
+        partitions = max((c.stats().connections for c in self._consumers), default=1)
+        return max(1, partitions) * self._partition_cap()
 
     def _drained(self) -> None:
         """AvailableNow found nothing more: give back what was kept aside."""
-        if self._consumer is not None and self._aside:
-            self._consumer.set_max_in_flight(0)
+        if self._aside:
+            for consumer in self._consumers:
+                consumer.set_max_in_flight(0)
             for entry in self._aside:
                 self._release(entry, _REQUEUE)
             self._aside.clear()

@@ -60,21 +60,21 @@ def _reader(spark: Any, cluster: ThreadedCluster, topic: str, channel: str, **op
 def test_restart_from_checkpoint_loses_nothing(
     spark: Any, youzan: ThreadedCluster, tmp_path: Path
 ) -> None:
-    per_trigger = 500
+    per_trigger = 1000
     youzan.run(youzan.cluster.create_topic("events", 4, 1, channels=["spark"]))
     bodies = _publish(youzan, "events", 5000)
     output, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
 
     def start(trigger: dict[str, Any]) -> Any:
         stream = _reader(
-            spark, youzan, "events", "spark", maxMessagesPerTrigger=per_trigger, maxInFlight=4000
+            spark, youzan, "events", "spark", maxMessagesPerTrigger=per_trigger, maxInFlight=8000
         )
         writer = stream.writeStream.format("parquet").option("path", str(output))
         return writer.option("checkpointLocation", str(checkpoint)).trigger(**trigger).start()
 
     first = start({"processingTime": "0 seconds"})
     try:
-        _wait(lambda: _committed_batches(output) >= 3, "three micro-batches")
+        _wait(lambda: _committed_batches(output) >= 2, "two micro-batches")
     finally:
         first.stop()
     # The source's process is gone: nsqd took back what it held (the last batches).
@@ -132,7 +132,8 @@ def test_ordered_topic_keeps_queue_order_across_batches_and_restarts(
     second.awaitTermination(WAIT)
 
     rows = [row for batch_id in sorted(batches) for row in batches[batch_id]]
-    # The journal replays exactly what Spark had not committed: no loss, no duplicate.
+    # The journal replays exactly what Spark had not committed, and a message nsqd delivers
+    # again because its FIN was lost with the first run is recognised: no loss, no duplicate.
     assert sorted(body for _, _, body in rows) == sorted(bodies)
     for partition in range(4):
         offsets = [offset for p, offset, _ in rows if p == partition]
