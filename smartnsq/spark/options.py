@@ -276,7 +276,7 @@ class SourceOptions:
     channel: str
     ordered: bool = False
     max_messages_per_trigger: int | None = None
-    max_in_flight: int = 2500
+    max_in_flight: int = 10_000
     partitions: tuple[int, ...] | None = None
     journal: str | None = None
     journal_sync: bool = True
@@ -301,7 +301,7 @@ class SourceOptions:
         if ordered and connect.nsqd is not None:
             raise ValidationError("ordered", "ordered consumption needs lookupd (youzan)")
         partitions = reader.items("partitions")
-        max_in_flight = reader.integer("maxInFlight", 2500, 1) or 2500
+        max_in_flight = reader.integer("maxInFlight", 10_000, 1) or 10_000
         per_trigger = reader.integer("maxMessagesPerTrigger", None, 1)
         return cls(
             connect=connect,

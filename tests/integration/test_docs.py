@@ -25,6 +25,8 @@ FENCE = re.compile(r"^```python( pytest)?\n(.*?)^```", re.MULTILINE | re.DOTALL)
 LOOKUPD = "http://127.0.0.1:4161"
 NSQD = "127.0.0.1:4150"
 TIMEOUT = 90
+# An example that starts a Spark session (10-20 s, and its first job starts Python workers).
+SPARK_TIMEOUT = 300
 
 
 class Example(NamedTuple):
@@ -66,7 +68,18 @@ def test_examples_were_found() -> None:
     assert any(example.pytest for example in EXAMPLES)
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=[e.where for e in EXAMPLES])
+def _params() -> list[object]:
+    """Spark examples get a longer pytest timeout (and the spark marker)."""
+    params: list[object] = []
+    for example in EXAMPLES:
+        marks = []
+        if "pyspark" in example.code:
+            marks = [pytest.mark.spark, pytest.mark.timeout(SPARK_TIMEOUT + 30)]
+        params.append(pytest.param(example, marks=marks, id=example.where))
+    return params
+
+
+@pytest.mark.parametrize("example", _params())
 async def test_example_runs(example: Example, clusters: Clusters, tmp_path: Path) -> None:
     code = example.code.replace(LOOKUPD, clusters.youzan.lookupd_url).replace(
         NSQD, clusters.classic.nsqd_addresses[0]
@@ -85,7 +98,8 @@ async def test_example_runs(example: Example, clusters: Clusters, tmp_path: Path
         stderr=asyncio.subprocess.PIPE,
     )
     try:
-        out, err = await asyncio.wait_for(process.communicate(), TIMEOUT)
+        limit = SPARK_TIMEOUT if "pyspark" in example.code else TIMEOUT
+        out, err = await asyncio.wait_for(process.communicate(), limit)
     finally:
         if process.returncode is None:
             process.kill()

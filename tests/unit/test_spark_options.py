@@ -89,6 +89,7 @@ def test_source_options() -> None:
     arguments = options.consumer_arguments()
     assert arguments["partitions"] == [0, 2]
     assert arguments["max_in_flight"] == 5000
+    assert SourceOptions.parse({**LOOKUPD, "topic": "t", "channel": "c"}).max_in_flight == 10_000
     assert arguments["auth_secret"] == "s3cret"
     assert arguments["msg_timeout"] == 60.0
     assert options.max_messages_per_trigger == 1000
