@@ -14,8 +14,9 @@ to the direct clients' single core.
   ``publish_many`` of 100 unkeyed messages;
 * source: ``spark.readStream.format("nsq")`` with ``trigger(availableNow=True)`` into the
   ``noop`` sink, from a topic pre-filled with ``--messages`` messages by raw MPUB, in hold mode
-  and in journal mode, against ``Consumer(handler=async fn, max_in_flight=2500)`` on another
-  channel of the same topic.
+  (``maxInFlight`` ``--hold-in-flight``: batches of up to half of it) and in journal mode
+  (fsync'ed, batches of ``--per-trigger``), against ``Consumer(handler=async fn,
+  max_in_flight=2500)`` on another channel of the same topic.
 
 Targets (issue 14): sink >= 0.5x the direct Producer, source >= 0.3x the direct Consumer.
 
@@ -51,8 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows per sink run")
     parser.add_argument("--messages", type=int, default=300_000, help="messages per source run")
     parser.add_argument("--max-batch", type=int, default=5000, help="sink maxBatch")
-    parser.add_argument("--max-in-flight", type=int, default=10_000, help="source, hold mode")
-    parser.add_argument("--per-trigger", type=int, default=100_000, help="source, journal mode")
+    parser.add_argument("--hold-in-flight", type=int, default=80_000, help="source, hold mode")
+    parser.add_argument("--max-in-flight", type=int, default=10_000, help="source, journal")
+    parser.add_argument("--per-trigger", type=int, default=100_000, help="source, journal")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--cluster-cpu", type=int, default=0)
     parser.add_argument("--client-cpu", type=int, default=1, help="the direct clients")
@@ -182,7 +184,7 @@ def _source_round(spark: Any, args: Any, runs: dict[str, list[float]], round_: i
         with tempfile.TemporaryDirectory(prefix="smartnsq-bench-spark-") as tmp:
             # warm-up: the session's first streaming read starts its executors' workers
             _stream(spark, cluster, WARM, {}, 2000, Path(tmp) / "warm", topic=WARM)
-            hold = {"maxInFlight": args.max_in_flight}
+            hold = {"maxInFlight": args.hold_in_flight}
             seconds = _stream(spark, cluster, "hold", hold, messages, Path(tmp) / "hold")
             _record(runs, "spark source (hold)", messages / seconds, round_)
             journal = {

@@ -2,11 +2,13 @@
 fsync'ed) before they are finished on nsqd, kept until Spark has committed the micro-batch
 that holds them.
 
-A directory of segment files named after their first sequence number. Each record is
-``[u32 length][u32 crc32][u64 seq][payload]`` (little endian; length and crc cover seq and
-payload). Sequence numbers only grow. A record torn by a crash can only be at the end of the
-last segment: it is cut off when the journal is opened (its message was never finished, so
-nsqd delivers it again). Damage anywhere else raises :class:`JournalError`.
+A directory of segment files named after their first sequence number. Each write is one
+block of records with consecutive sequence numbers: ``[u32 length][u32 crc32][u64 first
+seq][u32 count][count x u32 payload length][payloads]`` (little endian; length and crc cover
+everything after them). Sequence numbers only grow. A block torn by a crash can only be at
+the end of the last segment: it is cut off when the journal is opened (its messages were
+never finished, so nsqd delivers them again). Damage anywhere else raises
+:class:`JournalError`.
 
 One reader at a time: the directory is locked (``flock``) while open; the lock goes with the
 process. Plain file I/O, no Spark, no asyncio.
@@ -18,7 +20,7 @@ import fcntl
 import os
 import struct
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -28,7 +30,7 @@ from smartnsq.errors import NSQError
 __all__ = ["Framed", "Journal", "JournalError"]
 
 _HEAD = struct.Struct("<II")
-_SEQ = struct.Struct("<Q")
+_BLOCK = struct.Struct("<QI")
 _SUFFIX = ".journal"
 _LOCK = "lock"
 
@@ -118,30 +120,29 @@ class Journal:
 
     # ------------------------------------------------------------------ writing
 
-    def append(self, records: Iterable[tuple[int, bytes]]) -> None:
-        """Write records (sequence numbers above every one written before), then flush and,
-        with ``sync``, fsync: when this returns they survive a crash."""
-        self.write(self.frame(records))
+    def append(self, first: int, payloads: Sequence[bytes]) -> None:
+        """Write records ``first``, ``first + 1``... (above every one written before), then
+        flush and, with ``sync``, fsync: when this returns they survive a crash."""
+        self.write(self.frame(first, payloads))
 
-    def frame(self, records: Iterable[tuple[int, bytes]]) -> Framed:
-        """Encode records for :meth:`write` (pure CPU: callers may do it on another thread
+    def frame(self, first: int, payloads: Sequence[bytes]) -> Framed:
+        """Encode one block for :meth:`write` (pure CPU: callers may do it on another thread
         than the write, whose system calls release the GIL)."""
-        chunks = []
-        first = last = None
-        previous = self._framed_last
-        for seq, payload in records:
-            if seq <= previous:
-                raise JournalError(f"sequence number {seq} does not follow {previous}")
-            body = _SEQ.pack(seq) + payload
-            chunks.append(_HEAD.pack(len(body), zlib.crc32(body)))
-            chunks.append(body)
-            if first is None:
-                first = seq
-            last = previous = seq
-        if first is None or last is None:
+        count = len(payloads)
+        if not count:
             return Framed(0, 0, b"")
+        if first <= self._framed_last:
+            raise JournalError(f"sequence number {first} does not follow {self._framed_last}")
+        body = b"".join(
+            (
+                _BLOCK.pack(first, count),
+                struct.pack(f"<{count}I", *map(len, payloads)),
+                *payloads,
+            )
+        )
+        last = first + count - 1
         self._framed_last = last
-        return Framed(first, last, b"".join(chunks))
+        return Framed(first, last, _HEAD.pack(len(body), zlib.crc32(body)) + body)
 
     def write(self, framed: Framed) -> None:
         """Write records encoded by :meth:`frame`, in the order they were framed."""
@@ -205,20 +206,40 @@ class Journal:
         data = path.read_bytes()
         position = 0
         while position < len(data):
-            end = position + _HEAD.size
-            if end <= len(data):
-                length, crc = _HEAD.unpack_from(data, position)
-                body = data[end : end + length]
-                if len(body) == length >= _SEQ.size and zlib.crc32(body) == crc:
-                    yield _SEQ.unpack_from(body)[0], body[_SEQ.size :]
-                    position = end + length
-                    continue
+            block = _block(data, position)
+            if block is not None:
+                position, first, payloads = block
+                yield from enumerate(payloads, first)
+                continue
             if not last:
                 raise JournalError(f"{path} is damaged at byte {position}")
             # A write torn by a crash: its messages were never finished on nsqd.
             with open(path, "r+b") as handle:
                 handle.truncate(position)
             return
+
+
+def _block(data: bytes, position: int) -> tuple[int, int, list[bytes]] | None:
+    """The block at ``position`` (the next position, its first seq, its payloads), or None
+    if it is incomplete or damaged."""
+    start = position + _HEAD.size
+    if start > len(data):
+        return None
+    length, crc = _HEAD.unpack_from(data, position)
+    end = start + length
+    if end > len(data) or length < _BLOCK.size or zlib.crc32(data[start:end]) != crc:
+        return None
+    first, count = _BLOCK.unpack_from(data, start)
+    offset = start + _BLOCK.size
+    sizes = struct.unpack_from(f"<{count}I", data, offset)
+    offset += 4 * count
+    payloads = []
+    for size in sizes:
+        payloads.append(data[offset : offset + size])
+        offset += size
+    if offset != end:
+        return None
+    return end, first, payloads
 
 
 def _sync_directory(directory: Path) -> None:

@@ -1,6 +1,6 @@
-"""The stream reader's consumer: one :class:`smartnsq.Consumer` on a private event loop in a
-daemon thread of the Spark driver's source process, and the messages it holds between nsqd
-and Spark's commits.
+"""The stream reader's consumer: a :class:`smartnsq.Consumer` (several when ``maxInFlight``
+needs more connections) on a private event loop in a daemon thread of the Spark driver's
+source process, and the messages it holds between nsqd and Spark's commits.
 
 Offsets are sequence numbers: Spark's offset ``{"seq": n}`` means "the first n messages this
 query took". Two ways to keep a message safe until Spark has committed the micro-batch that
@@ -76,7 +76,7 @@ class _Entry:
 
 
 class Receiver:
-    """Starts the loop, the journal (if any) and the consumer; ``committed`` is the offset
+    """Starts the loop, the journal (if any) and the consumers; ``committed`` is the offset
     Spark has committed, ``seen`` the highest offset it has named (new sequence numbers
     follow both)."""
 
@@ -103,6 +103,8 @@ class Receiver:
         self._budgets: list[int] = []
         self._failure: BaseException | None = None
         self._tasks: list[asyncio.Task[Any]] = []
+        # Journal writes and trims run in threads: one at a time. (Binds to the loop on use.)
+        self._journal_lock = asyncio.Lock()
         try:
             self._call(
                 self._start(committed, seen), options.connect.connect_timeout + _CALL_TIMEOUT
@@ -137,6 +139,8 @@ class Receiver:
             self._call(self._close(), 15.0)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5.0)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     def _call(self, coro: Coroutine[Any, Any, T], timeout: float = _CALL_TIMEOUT) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
@@ -273,10 +277,10 @@ class Receiver:
             if self._flushing is not None:
                 self._flushing.set()
             return
-        self._add_pending(entry)
+        self._add_pending([entry])
 
-    def _add_pending(self, entry: _Entry) -> None:
-        self._pending.append(entry)
+    def _add_pending(self, entries: list[_Entry]) -> None:
+        self._pending.extend(entries)
         self._last_arrival = self._loop.time()
         if self._arrived is not None:
             self._arrived.set()
@@ -294,16 +298,17 @@ class Receiver:
                 entries, self._unjournaled = self._unjournaled, []
                 if not entries:
                     continue
-                records = []
-                for entry in entries:
-                    entry.seq = self._next_seq
-                    self._next_seq += 1
-                    records.append((entry.seq, encode_row(entry.row)))
+                first = self._next_seq
+                for seq, entry in enumerate(entries, first):
+                    entry.seq = seq
+                self._next_seq = first + len(entries)
                 # Encoded here; the thread only writes (and fsyncs), releasing the GIL.
-                await asyncio.to_thread(journal.write, journal.frame(records))
+                framed = journal.frame(first, [encode_row(e.row) for e in entries])
+                async with self._journal_lock:
+                    await asyncio.to_thread(journal.write, framed)
                 for entry in entries:
                     self._release(entry, _FIN)
-                    self._add_pending(entry)
+                self._add_pending(entries)
                 self._apply_backpressure()
         except asyncio.CancelledError:
             raise
@@ -470,4 +475,5 @@ class Receiver:
         while planned and planned[0].seq <= end:
             self._release(planned.popleft(), _FIN)
         if self._journal is not None:
-            await asyncio.to_thread(self._journal.trim, end)
+            async with self._journal_lock:
+                await asyncio.to_thread(self._journal.trim, end)

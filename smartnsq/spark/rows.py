@@ -39,7 +39,8 @@ def row_of(message: Message) -> Row:
     else:
         message_id = message.id.hex()
         trace_id = _signed(message.trace_id or 0)
-    ext = message.ext
+    # .ext parses the JSON header: only when there is one (most topics have none).
+    ext = message.ext if message.ext_raw else None
     return Row(
         bytes(message.body),
         message.partition,

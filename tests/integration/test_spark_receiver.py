@@ -110,7 +110,7 @@ def test_journal_mode_replays_and_recognises_a_redelivery(
     )
     with Journal(tmp_path / "journal") as journal:
         journal.open()
-        journal.append([(1, encode_row(row))])
+        journal.append(1, [encode_row(row)])
     receiver = _receiver(cluster, journal=str(tmp_path / "journal"))
     try:
         end = _wait_pending(receiver, 0, 3)
