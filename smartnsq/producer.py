@@ -9,6 +9,7 @@ policy (``smartnsq.retry``) decides what to try again.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import json
 import logging
@@ -17,7 +18,7 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
@@ -69,6 +70,8 @@ _ANY_TOPIC = "*"
 _NO_KEY: Any = object()
 # On-disk size of a youzan message beyond its body (length + header), for batch offsets.
 _DISK_OVERHEAD = 4 + 26
+# publish_many(sharding_keys=...) checks each body first and each partition's batch later.
+_UNBOUNDED = 1 << 62
 
 
 class _Publish:
@@ -462,14 +465,31 @@ class Producer:
         *,
         partition: int | None = None,
         sharding_key: Any = None,
+        sharding_keys: Sequence[Any] | None = None,
         trace: bool = False,
         trace_ids: Sequence[int] | None = None,
         exts: Sequence[Mapping[str, Any] | None] | None = None,
         timeout: float | None = None,
     ) -> list[PublishResult]:
         """Publish a batch atomically to one partition (MPUB; MPUB_TRACE with ``trace`` or
-        ``trace_ids``; MPUB_EXT with ``exts``). One result per message."""
+        ``trace_ids``; MPUB_EXT with ``exts``). One result per message.
+
+        ``sharding_keys`` (one key per body, exclusive with ``partition`` and
+        ``sharding_key``) routes each message as ``publish(sharding_key=...)`` would: the
+        messages are grouped into one MPUB per partition (per nsqd on classic), each keeping
+        the input order, sent concurrently; the results come back in input order. Each
+        batch is atomic, the call as a whole is not: if one batch fails, the error is raised
+        once the others are answered, and those may have been stored.
+        """
         check_topic(topic)
+        if sharding_keys is not None:
+            if partition is not None or sharding_key is not None:
+                raise ValidationError(
+                    "sharding_keys", "give sharding_keys, or a partition or a sharding_key"
+                )
+            return await self._publish_keyed(
+                topic, bodies, sharding_keys, trace, trace_ids, exts, timeout
+            )
         data = check_bodies(list(bodies), self.max_msg_size, self.max_body_size)
         if self._closing:
             raise _closing_error()
@@ -491,6 +511,107 @@ class Producer:
             request.exts = [None if e is None else encode_ext(e) for e in exts]
             request.command = "MPUB_EXT"
         return await self._run(request, timeout)
+
+    async def _publish_keyed(
+        self,
+        topic: str,
+        bodies: Iterable[bytes | str],
+        keys: Sequence[Any],
+        trace: bool,
+        trace_ids: Sequence[int] | None,
+        exts: Sequence[Mapping[str, Any] | None] | None,
+        timeout: float | None,
+    ) -> list[PublishResult]:
+        """publish_many with a sharding key per message: one MPUB per target, in parallel."""
+        # Each batch is checked against max_body_size below, once grouped: not the total.
+        data = check_bodies(list(bodies), self.max_msg_size, _UNBOUNDED)
+        count = len(data)
+        if isinstance(keys, (str, bytes)) or len(keys) != count:
+            raise ValidationError("sharding_keys", f"give one key per body ({count} bodies)")
+        if None in keys:
+            index = next(i for i, key in enumerate(keys) if key is None)
+            raise ValidationError(f"sharding_keys[{index}]", "a key is required")
+        ids: list[int] | None = None
+        if trace_ids is not None:
+            if len(trace_ids) != count:
+                raise ValidationError("trace_ids", f"{len(trace_ids)} trace ids for {count} bodies")
+            ids = [check_trace_id(t) for t in trace_ids]
+        encoded: list[bytes | None] | None = None
+        if exts is not None:
+            if ids is not None or trace:
+                raise UnsupportedFeatureError("MPUB cannot carry both trace ids and ext headers")
+            if len(exts) != count:
+                raise ValidationError("exts", f"{len(exts)} ext headers for {count} bodies")
+            encoded = [None if e is None else encode_ext(e) for e in exts]
+        if self._closing:
+            raise _closing_error()
+        if self._state != "started":
+            await self.start()
+        targets = await self._key_targets(topic, keys)
+        groups: dict[int | str, list[int]] = {}
+        for target in set(targets):
+            groups[target] = []
+        appenders = {target: group.append for target, group in groups.items()}
+        for index, target in enumerate(targets):
+            appenders[target](index)
+        auto = not trace and ids is None and encoded is None and self.tracing(topic)
+        if (trace or auto) and ids is None:
+            ids = _new_trace_ids(count)
+        requests = []
+        for target, indexes in groups.items():
+            batch = [data[i] for i in indexes] if len(groups) > 1 else data
+            size = 4 + 4 * len(batch) + sum(map(len, batch))
+            if size > self.max_body_size:
+                raise ValidationError(
+                    "bodies",
+                    f"the batch for {_describe_target(target)} is {size} bytes on the wire, "
+                    f"over the maximum of {self.max_body_size}",
+                )
+            request = _Publish(topic, "MPUB", batch)
+            request.key = keys[indexes[0]]  # keyed: never moves off its target
+            if isinstance(target, int):
+                request.pinned = target
+            else:
+                request.address = target
+            if ids is not None:
+                request.trace_ids = [ids[i] for i in indexes]
+                request.command = "MPUB_TRACE"
+                request.auto_trace = auto
+            if encoded is not None:
+                request.exts = [encoded[i] for i in indexes]
+                request.command = "MPUB_EXT"
+            requests.append((indexes, request))
+        outcomes = await asyncio.gather(
+            *(self._run(request, timeout) for _, request in requests), return_exceptions=True
+        )
+        results: list[PublishResult | None] = [None] * count
+        place = results.__setitem__
+        for (indexes, _), outcome in zip(requests, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
+            collections.deque(map(place, indexes, outcome), maxlen=0)
+        return cast("list[PublishResult]", results)  # every index is in exactly one group
+
+    async def _key_targets(self, topic: str, keys: Sequence[Any]) -> list[int | str]:
+        """Where each key publishes: a partition (youzan) or an nsqd address (classic), by
+        the rules of _route_youzan and _route_classic. Bad keys raise, naming their index."""
+        routes: Sequence[_Route]
+        if self._lookup is None:
+            routes = self._direct_routes
+        else:
+            layout = await self._lookup.lookup(topic, "w")
+            table = self._tables.get(topic)
+            if table is None or table.layout is not layout:
+                table = self._tables[topic] = _RouteTable(layout, topic)
+            if not table.classic:
+                count = table.partition_num
+                if count <= 0:
+                    raise NoWritablePartitionError(f"topic {topic!r}: partition count unknown")
+                return list(self.sharder.partitions_for(keys, count))
+            routes = table.classic_routes
+        if not routes:
+            raise NoWritablePartitionError(f"no nsqd publishes topic {topic!r} yet")
+        return [routes[i].address for i in self.sharder.partitions_for(keys, len(routes))]
 
     def _common_args(self, request: _Publish, partition: int | None, key: Any) -> None:
         if partition is not None and key is not None:
@@ -933,6 +1054,10 @@ def _delay_ms(delay: float) -> int:
     if ms > MAX_DPUB_DELAY_MS:
         raise ValidationError("delay", f"must be at most {MAX_DPUB_DELAY_MS // 1000} s")
     return ms
+
+
+def _describe_target(target: int | str) -> str:
+    return f"partition {target}" if isinstance(target, int) else f"nsqd {target}"
 
 
 def _new_trace_ids(count: int) -> list[int]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import codecs
 import reprlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from operator import mul
 from typing import Any, Literal, TypeAlias
@@ -298,6 +298,37 @@ class Sharder:
                 f"0..{n - 1}",
             )
         return result
+
+    def partitions_for(self, keys: Iterable[object], partition_num: int) -> list[int]:
+        """``[partition_for(key, partition_num) for key in keys]``, faster for batches: Java
+        ``int`` keys are hashed inline and each distinct ``str`` key once. A bad key raises
+        :class:`~smartnsq.errors.ValidationError` whose field names its index
+        (``sharding_keys[i]``)."""
+        n = _check_partition_num(partition_num)
+        java = self._java
+        known: dict[str, int] = {}
+        out: list[int] = []
+        append = out.append
+        for index, key in enumerate(keys):
+            if java and type(key) is int and INT64_MIN <= key <= INT64_MAX:
+                # java_long_hash then abs(hash) % n, inline: the common case of a batch
+                unsigned = key & _MASK64
+                hashed = (unsigned ^ (unsigned >> 32)) & _MASK32
+                append(abs(hashed - (1 << 32) if hashed & _SIGN32 else hashed) % n)
+                continue
+            if type(key) is str:
+                cached = known.get(key)
+                if cached is not None:
+                    append(cached)
+                    continue
+            try:
+                partition = self.partition_for(key, n)
+            except ValidationError as exc:
+                raise ValidationError(f"sharding_keys[{index}]", exc.reason) from None
+            if type(key) is str:
+                known[key] = partition
+            append(partition)
+        return out
 
 
 def _describe(func: object) -> str:

@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parents[2]
 FENCE = re.compile(r"^```(python pytest|python|sh)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 FRESH_MACHINE = "## Set up on a fresh machine"
 STEP_TIMEOUT = 180.0
+# A block that starts a Spark session (10-20 s, and its first job starts Python workers).
+SPARK_STEP_TIMEOUT = 300.0
 
 
 class Block(NamedTuple):
@@ -49,6 +51,10 @@ class Page(NamedTuple):
     @property
     def name(self) -> str:
         return str(self.path.relative_to(ROOT))
+
+    @property
+    def uses_spark(self) -> bool:
+        return any("pyspark" in b.code for b in self.blocks)
 
     @property
     def needs_docker(self) -> bool:
@@ -94,7 +100,7 @@ def _env() -> dict[str, str]:
     return env
 
 
-async def _run(command: list[str], cwd: Path, where: str) -> None:
+async def _run(command: list[str], cwd: Path, where: str, timeout: float) -> None:
     process = await asyncio.create_subprocess_exec(
         *command,
         cwd=cwd,
@@ -104,7 +110,7 @@ async def _run(command: list[str], cwd: Path, where: str) -> None:
         stderr=asyncio.subprocess.STDOUT,
     )
     try:
-        out, _ = await asyncio.wait_for(process.communicate(), STEP_TIMEOUT)
+        out, _ = await asyncio.wait_for(process.communicate(), timeout)
     finally:
         if process.returncode is None:
             process.kill()
@@ -144,8 +150,16 @@ async def _stop(process: asyncio.subprocess.Process, setup: Block) -> None:
     assert code == 0, f"{setup.where}: the cluster exited {code}:\n{out.decode()}"
 
 
+def _page_params() -> list[object]:
+    """Pages with Spark examples carry the spark marker."""
+    return [
+        pytest.param(page, id=page.name, marks=[pytest.mark.spark] if page.uses_spark else [])
+        for page in PAGES
+    ]
+
+
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
+@pytest.mark.parametrize("page", _page_params())
 async def test_page_runs_as_printed(page: Page, tmp_path: Path) -> None:
     if page.needs_docker:
         _require_docker()
@@ -160,7 +174,8 @@ async def test_page_runs_as_printed(page: Page, tmp_path: Path) -> None:
                 command = [sys.executable, str(script)]
                 if block.kind == "python pytest":
                     command[1:1] = ["-m", "pytest", "-q", "-p", "no:cacheprovider"]
-            await _run(command, tmp_path, block.where)
+            timeout = SPARK_STEP_TIMEOUT if "pyspark" in block.code else STEP_TIMEOUT
+            await _run(command, tmp_path, block.where, timeout)
     finally:
         if cluster is not None:
             await _stop(cluster, page.setup)  # type: ignore[arg-type]

@@ -1,0 +1,125 @@
+"""The Spark source's receiver without Spark, against the embedded cluster: what Spark's
+calls (plan, rows, commit) do to the messages on nsqd, in hold and journal mode."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import smartnsq.sync
+from smartnsq.protocol.message import youzan_message_id
+from smartnsq.spark.journal import Journal
+from smartnsq.spark.options import SourceOptions
+from smartnsq.spark.receiver import Receiver
+from smartnsq.spark.rows import Row, encode_row
+
+from .threaded_cluster import ThreadedCluster
+
+
+@pytest.fixture
+def cluster() -> Iterator[ThreadedCluster]:
+    with ThreadedCluster(nodes=1, msg_timeout=2.0) as threaded:
+        threaded.run(threaded.cluster.create_topic("events", 2, 1, channels=["spark"]))
+        yield threaded
+
+
+def _publish(cluster: ThreadedCluster, count: int) -> None:
+    with smartnsq.sync.Producer(lookupd=[cluster.lookupd_url]) as producer:
+        producer.publish_many("events", [f"e{i}".encode() for i in range(count)], partition=0)
+
+
+def _receiver(cluster: ThreadedCluster, committed: int = 0, **options: str) -> Receiver:
+    parsed = SourceOptions.parse(
+        {
+            "lookupd": cluster.lookupd_url,
+            "topic": "events",
+            "channel": "spark",
+            "availableNowIdle": "0.5",
+            **options,
+        }
+    )
+    return Receiver(parsed, committed=committed, seen=committed)
+
+
+def _wait_pending(receiver: Receiver, start: int, count: int) -> int:
+    """Plan the next batch as Trigger.AvailableNow does: once ``count`` messages are there,
+    or nothing more has arrived for availableNowIdle."""
+    receiver.available_now()
+    end = receiver.plan(start, None)
+    assert end - start == count
+    return end
+
+
+def test_hold_mode_finishes_only_at_commit_and_touches_meanwhile(cluster: ThreadedCluster) -> None:
+    _publish(cluster, 10)
+    receiver = _receiver(cluster, msgTimeout="1")  # TOUCH every 1/3 s; nsqd would wait 1 s
+    try:
+        end = _wait_pending(receiver, 0, 10)
+        rows = receiver.rows(0, end)
+        assert sorted(r.body for r in rows) == sorted(f"e{i}".encode() for i in range(10))
+        assert cluster.call(lambda: cluster.cluster.in_flight("events", "spark")) == 10
+        # held for more than nsqd's msg_timeout (2 s): kept alive, not redelivered
+        time.sleep(2.5)
+        record = cluster.call(lambda: cluster.cluster.channel_record("events", "spark"))
+        assert record.timed_out == []
+        assert receiver.plan(0, None) == 10  # asked again: the same batch
+        receiver.commit(end)
+        cluster.wait_for(lambda: cluster.cluster.unfinished("events", "spark") == 0)
+    finally:
+        receiver.close()
+
+
+def test_hold_mode_batches_leave_room_for_the_next_one(cluster: ThreadedCluster) -> None:
+    _publish(cluster, 100)
+    receiver = _receiver(cluster, maxInFlight="40")  # 2 partitions: 20 each, 10 per batch
+    try:
+        first = _wait_pending(receiver, 0, 10)
+        _wait_pending(receiver, first, 10)  # received while the first is held
+        receiver.commit(first)  # the first batch is finished...
+        cluster.wait_for(
+            lambda: len(cluster.cluster.channel_record("events", "spark").finished) == 10
+        )
+    finally:
+        receiver.close()
+    # the process's connection is gone: what was held (the second batch) goes back to nsqd
+    cluster.wait_for(lambda: cluster.cluster.in_flight("events", "spark") == 0)
+    assert cluster.call(lambda: cluster.cluster.unfinished("events", "spark")) == 90
+
+
+def test_journal_mode_replays_and_recognises_a_redelivery(
+    cluster: ThreadedCluster, tmp_path: Path
+) -> None:
+    _publish(cluster, 3)
+    records = cluster.call(lambda: cluster.cluster.messages("events", 0))
+    first = records[0]
+    # A journal left by a run that died right after journaling the first message, before
+    # its FIN left: nsqd still has it.
+    row = Row(
+        first.body,
+        0,
+        youzan_message_id(first.internal_id, first.trace_id).hex(),
+        0,
+        None,
+        None,
+        1,
+        0,
+        None,
+    )
+    with Journal(tmp_path / "journal") as journal:
+        journal.open()
+        journal.append(1, [encode_row(row)])
+    receiver = _receiver(cluster, journal=str(tmp_path / "journal"))
+    try:
+        end = _wait_pending(receiver, 0, 3)
+        bodies = [r.body for r in receiver.rows(0, end)]
+        assert sorted(bodies) == [b"e0", b"e1", b"e2"]  # e0 once: from the journal
+        # journal mode finishes as soon as the journal holds a message
+        cluster.wait_for(lambda: cluster.cluster.unfinished("events", "spark") == 0)
+        receiver.commit(end)
+    finally:
+        receiver.close()
+    with Journal(tmp_path / "journal") as journal:
+        assert journal.open() == []  # trimmed once committed
