@@ -417,7 +417,14 @@ class Producer:
             request.command = "PUB_TRACE"
             request.auto_trace = True
         if ext is not None:
-            request.exts = [encode_ext(ext)]
+            encoded = encode_ext(ext)
+            if request.trace_ids is not None:
+                # PUB_EXT carries a trace id in its header (and is answered with a receipt)
+                encoded, trace = _ext_with_trace_id(
+                    encoded, request.trace_ids[0], request.auto_trace
+                )
+                request.trace_ids = [trace]
+            request.exts = [encoded]
             request.command = "PUB_EXT"
         if delay is not None:
             if trace_id is not None or ext is not None:
@@ -1054,6 +1061,24 @@ def _delay_ms(delay: float) -> int:
     if ms > MAX_DPUB_DELAY_MS:
         raise ValidationError("delay", f"must be at most {MAX_DPUB_DELAY_MS // 1000} s")
     return ms
+
+
+def _ext_with_trace_id(ext: bytes, trace_id: int, generated: bool) -> tuple[bytes, int]:
+    """The ext header carrying ``trace_id`` as ``##trace_id``. A header that has one already
+    keeps it when ``trace_id`` was generated (the trace switch), and must agree with an
+    explicit ``trace_id``."""
+    header = json.loads(ext)
+    present = header.get("##trace_id")
+    if present is not None:
+        if generated:
+            return ext, int(present)
+        if present != str(trace_id):
+            raise ValidationError(
+                "ext", f"its ##trace_id {present!r} differs from trace_id={trace_id}"
+            )
+        return ext, trace_id
+    header["##trace_id"] = str(trace_id)
+    return json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode(), trace_id
 
 
 def _describe_target(target: int | str) -> str:

@@ -132,6 +132,24 @@ async def test_ext_headers() -> None:
                 "ext", b"body", partition=1, ext={"##trace_id": "77", "k": "v"}
             )
             assert traced.trace_id == 77
+            # trace_id= with ext=: the id travels in the header (never dropped)
+            both = await producer.publish("ext", b"body", partition=1, trace_id=78, ext={"k": "v"})
+            assert (both.trace_id, cluster.messages("ext", 1)[-1].trace_id) == (78, 78)
+            same = await producer.publish(
+                "ext", b"body", partition=1, trace_id=79, ext={"##trace_id": "79"}
+            )
+            assert same.trace_id == 79
+            with pytest.raises(e.ValidationError, match="differs from trace_id=80"):
+                await producer.publish(
+                    "ext", b"body", partition=1, trace_id=80, ext={"##trace_id": "81"}
+                )
+            producer.set_trace(True, "ext")  # the switch traces ext publishes too
+            switched = await producer.publish("ext", b"body", partition=1, ext={"k": "v"})
+            assert switched.trace_id == cluster.messages("ext", 1)[-1].trace_id
+            assert switched.internal_id is not None
+            kept = await producer.publish("ext", b"body", partition=1, ext={"##trace_id": "82"})
+            assert kept.trace_id == 82
+            producer.set_trace(False, "ext")
             await producer.publish_many("ext", [b"a", b"b"], partition=0, exts=[{"a": "1"}, None])
             with pytest.raises(e.UnsupportedFeatureError, match="not an ext topic"):
                 await producer.publish("plain", b"x", ext={"k": "v"})
