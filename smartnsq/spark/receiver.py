@@ -52,6 +52,8 @@ _CALL_TIMEOUT = 60.0
 _SETTLE = 0.02
 _FIN = "fin"
 _REQUEUE = "requeue"
+# Messages taken from a consumer per wake-up (Consumer.getmany).
+RECEIVE_BATCH = 5000
 
 
 class _Entry:
@@ -235,9 +237,14 @@ class Receiver:
     # ------------------------------------------------------------------ receiving
 
     async def _receive(self, consumer: Consumer) -> None:
+        accept = self._accept
         try:
-            async for message in consumer:
-                self._accept(message, consumer, None)
+            while True:
+                # What has arrived, at once: one wake-up per read from nsqd, not per message.
+                messages = await consumer.getmany(RECEIVE_BATCH)
+                if not messages:
+                    break  # closed
+                accept([_Entry(row_of(m), m, consumer, None) for m in messages])
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - kept and raised to Spark
@@ -257,27 +264,37 @@ class Receiver:
         """Ordered mode's handler: returning finishes the message, so it returns once the
         journal holds it (or, for a message kept aside, requeues it when told to)."""
         answer: asyncio.Future[str] = self._loop.create_future()
-        self._accept(message, None, answer)
+        self._accept([_Entry(row_of(message), message, None, answer)])
         if await answer == _REQUEUE:
             await message.requeue(0, backoff=False)
 
-    def _accept(
-        self, message: Message, consumer: Consumer | None, answer: asyncio.Future[str] | None
-    ) -> None:
-        entry = _Entry(row_of(message), message, consumer, answer)
+    def _accept(self, entries: list[_Entry]) -> None:
+        """Messages received: aside (after the availableNow cutoff), to the journal, or
+        pending for the next batch."""
         cutoff = self._cutoff_ns
-        if cutoff is not None and message.timestamp > cutoff:
-            self._aside.append(entry)
+        if cutoff is not None:
+            aside = self._aside
+            kept = []
+            for entry in entries:
+                message = entry.message
+                if message is not None and message.timestamp > cutoff:
+                    aside.append(entry)
+                else:
+                    kept.append(entry)
+            entries = kept
+        if not entries:
             return
         if self._journal is not None:
-            if entry.row.message_id in self._journaled_ids:
-                self._release(entry, _FIN)  # the journal has it already
-                return
-            self._unjournaled.append(entry)
+            journaled = self._journaled_ids
+            for entry in entries:
+                if entry.row.message_id in journaled:
+                    self._release(entry, _FIN)  # the journal has it already
+                else:
+                    self._unjournaled.append(entry)
             if self._flushing is not None:
                 self._flushing.set()
             return
-        self._add_pending([entry])
+        self._add_pending(entries)
 
     def _add_pending(self, entries: list[_Entry]) -> None:
         self._pending.extend(entries)
@@ -368,6 +385,8 @@ class Receiver:
             await self._wait_for_rows(max_rows)
             self._check()
         batch = self._take(start, max_rows)
+        if self._journal is not None:
+            self._apply_backpressure()  # taken by Spark: nsqd may send again
         if not batch:
             if self._cutoff_ns is not None:
                 self._drained()
@@ -422,9 +441,11 @@ class Receiver:
         if arrived is None:
             return
         idle = self.options.available_now_idle
-        wanted = max_rows or self._hold_capacity()
+        # No batch can take more than what may be held (hold mode) or buffered (journal).
+        capacity = self._hold_capacity()
+        wanted = capacity if max_rows is None else min(max_rows, capacity)
         hold = self._journal is None
-        while self._failure is None and len(self._pending) < wanted:
+        while self._failure is None and len(self._pending) < wanted and not self._paused:
             quiet = self._loop.time() - self._last_arrival
             if quiet >= idle:
                 return

@@ -123,3 +123,37 @@ def test_journal_mode_replays_and_recognises_a_redelivery(
         receiver.close()
     with Journal(tmp_path / "journal") as journal:
         assert journal.open() == []  # trimmed once committed
+
+
+def test_journal_mode_resumes_nsqd_after_backpressure(
+    cluster: ThreadedCluster, tmp_path: Path
+) -> None:
+    """A trigger may ask for more than maxBufferedMessages: nsqd is paused at that bound,
+    the batch takes what is buffered, and nsqd resumes at once (AvailableNow does not take
+    the pause for the end of the channel)."""
+    _publish(cluster, 300)
+    receiver = _receiver(
+        cluster,
+        journal=str(tmp_path / "journal"),
+        maxBufferedMessages="50",
+        maxInFlight="20",
+        availableNowIdle="2",
+    )
+    try:
+        receiver.available_now()
+        start, bodies, waits = 0, [], []
+        while len(bodies) < 300:
+            began = time.monotonic()
+            end = receiver.plan(start, 200)
+            waits.append(time.monotonic() - began)
+            assert end > start, f"AvailableNow stopped after {len(bodies)} of 300"
+            assert end - start <= 60  # the bound (50), plus what was on its way
+            bodies.extend(r.body for r in receiver.rows(start, end))
+            receiver.commit(end)
+            start = end
+        # Only the last batch may wait out availableNowIdle (the channel's end): the
+        # others never take the pause for it.
+        assert max(waits[:-1]) < 1.5, waits
+        assert sorted(bodies) == sorted(f"e{i}".encode() for i in range(300))
+    finally:
+        receiver.close()
