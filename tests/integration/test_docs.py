@@ -1,13 +1,15 @@
 """Every page of README.md and docs/ runs exactly as printed, with no hidden set-up.
 
-A page is run as a reader would run it, top to bottom, in an empty directory:
+A page is run as a reader would run it, top to bottom, from a checkout of the project:
 
 * its set-up command, the first ```sh block that starts ``smartnsq cluster``, is started as
   printed (the cluster on the documented fixed ports, e.g. ``--lookupd-port 4161``) and
   stopped with Ctrl-C (SIGINT) once the page is done; it must exit 0;
-* every other ```sh block runs as printed (bash, ``set -euo pipefail``) and must exit 0;
+* every other ```sh block runs as printed (bash, ``set -euo pipefail``) from the root of the
+  checkout (where docker-compose.yml is), and must exit 0;
 * every ```python block runs as a program, and every ```python pytest block as a test module
-  under pytest (with the project's ``nsq_cluster`` plugin), and must pass.
+  under pytest (with the project's ``nsq_cluster`` plugin), in an empty directory, and must
+  pass.
 
 ```console blocks are shown, not run (installing, or commands for machines other than this
 one). The README's "Set up on a fresh machine" commands are what CI itself runs.
@@ -163,11 +165,13 @@ def _page_params() -> list[object]:
 async def test_page_runs_as_printed(page: Page, tmp_path: Path) -> None:
     if page.needs_docker:
         _require_docker()
-    cluster = await _start(page.setup, tmp_path) if page.setup is not None else None
+    cluster = await _start(page.setup, ROOT) if page.setup is not None else None
     try:
         for number, block in enumerate(page.blocks):
+            cwd = tmp_path
             if block.kind == "sh":
                 command = ["bash", "-c", "set -euo pipefail\n" + block.code]
+                cwd = ROOT
             else:
                 script = tmp_path / f"test_example_{number}.py"
                 script.write_text(block.code)
@@ -175,10 +179,30 @@ async def test_page_runs_as_printed(page: Page, tmp_path: Path) -> None:
                 if block.kind == "python pytest":
                     command[1:1] = ["-m", "pytest", "-q", "-p", "no:cacheprovider"]
             timeout = SPARK_STEP_TIMEOUT if "pyspark" in block.code else STEP_TIMEOUT
-            await _run(command, tmp_path, block.where, timeout)
+            await _run(command, cwd, block.where, timeout)
     finally:
+        if page.needs_docker:
+            await _tear_down_compose(page)
         if cluster is not None:
             await _stop(cluster, page.setup)  # type: ignore[arg-type]
+
+
+async def _tear_down_compose(page: Page) -> None:
+    """A page that failed half-way leaves no containers: its own ``down`` commands run
+    again (harmless when they already ran)."""
+    for block in page.blocks:
+        if block.kind == "sh" and " down" in block.code:
+            process = await asyncio.create_subprocess_exec(
+                "bash",
+                "-c",
+                block.code,
+                cwd=ROOT,
+                env=_env(),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+            )
+            await asyncio.wait_for(process.wait(), 120)
 
 
 def _require_docker() -> None:
