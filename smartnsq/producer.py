@@ -1,22 +1,22 @@
 """The Producer: publishes to youzan partitions (explicit, sharding key or round-robin) or to
 classic nsqd, with trace receipts, ext headers and retry on leader changes.
 
-It composes the floors below: the lookup manager says where partitions live, the pool holds a
-connection per (nsqd, topic, partition), the sharder maps keys to partitions, and the retry
-policy (``smartnsq.retry``) decides what to try again.
+It composes the floors below: the lookup manager says where partitions live, the router
+(``smartnsq.publishing.routes``) which partition or nsqd a publish goes to, the pool holds a
+connection per (nsqd, topic, partition), the codec (``smartnsq.publishing.wire``) turns a
+request into bytes and nsqd's answer into results, and the retry policy
+(``smartnsq.retry``) decides what to try again. What stays here is the lifecycle, the API,
+the batching glue, the retries and the telemetry spans.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
-import json
 import logging
 import random
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, cast
 
@@ -25,19 +25,14 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 from smartnsq.batching import Batcher
 from smartnsq.errors import (
     ClientClosedError,
-    NoWritablePartitionError,
     NSQError,
     NSQTimeoutError,
     PublishError,
     UnsupportedFeatureError,
     ValidationError,
 )
-from smartnsq.protocol import commands
-from smartnsq.protocol.lookupd import TopicLayout
-from smartnsq.protocol.responses import OK, TraceReceipt
 from smartnsq.protocol.validation import (
     MAX_BODY_SIZE,
-    MAX_DPUB_DELAY_MS,
     MAX_MSG_SIZE,
     check_bodies,
     check_body,
@@ -47,6 +42,15 @@ from smartnsq.protocol.validation import (
     encode_ext,
 )
 from smartnsq.publish_result import PublishResult
+from smartnsq.publishing.request import (
+    NO_KEY,
+    PublishRequest,
+    delay_to_ms,
+    ext_with_trace_id,
+    new_trace_ids,
+)
+from smartnsq.publishing.routes import ANY_TOPIC, Route, Router
+from smartnsq.publishing.wire import PublishCodec
 from smartnsq.retry import Backoff, is_retriable, needs_lookup_refresh
 from smartnsq.routing.addresses import AddressMapping
 from smartnsq.routing.sharding import Sharder, ShardingStrategy
@@ -65,100 +69,8 @@ __all__ = ["Producer", "PublishResult"]
 
 log = logging.getLogger("smartnsq.producer")
 
-# Classic connections carry every topic; youzan ones are per (topic, partition).
-_ANY_TOPIC = "*"
-_NO_KEY: Any = object()
-# On-disk size of a youzan message beyond its body (length + header), for batch offsets.
-_DISK_OVERHEAD = 4 + 26
 # publish_many(sharding_keys=...) checks each body first and each partition's batch later.
 _UNBOUNDED = 1 << 62
-
-
-class _Publish:
-    """One logical publish (a message or an MPUB batch) across its tries."""
-
-    __slots__ = (
-        "address",
-        "auto_trace",
-        "avoid",
-        "bodies",
-        "command",
-        "delay_ms",
-        "exts",
-        "key",
-        "last_partition",
-        "partition",
-        "pinned",
-        "span",
-        "topic",
-        "trace_ids",
-    )
-
-    def __init__(self, topic: str, command: str, bodies: list[bytes]) -> None:
-        self.topic = topic
-        self.command = command
-        self.bodies = bodies
-        self.partition: int | None = None
-        self.key: Any = _NO_KEY
-        self.trace_ids: list[int] | None = None
-        self.exts: list[bytes | None] | None = None
-        self.delay_ms: int | None = None
-        self.avoid: set[int] = set()
-        # A keyed publish keeps the partition of its first routing, whatever happens.
-        self.pinned: int | None = None
-        self.last_partition: int | None = None
-        # Traced because of the producer's trace switch (not an explicit trace_id): classic
-        # nsqd has no PUB_TRACE, so such publishes fall back to plain PUB there.
-        self.auto_trace = False
-        self.span: Any = None
-        self.address: str | None = None  # classic batches stay on their nsqd
-
-    @property
-    def batch(self) -> bool:
-        return self.command.startswith("M")
-
-    @property
-    def movable(self) -> bool:
-        return self.partition is None and self.key is _NO_KEY
-
-
-@dataclass(frozen=True, slots=True)
-class _Route:
-    address: str
-    partition: int | None
-    youzan: bool
-    ext_topic: bool
-    pool_topic: str
-
-
-def _classic_routes(addresses: Iterable[str]) -> list[_Route]:
-    return [_Route(address, None, False, False, _ANY_TOPIC) for address in addresses]
-
-
-class _RouteTable:
-    """The routes of one (immutable) layout, computed once."""
-
-    __slots__ = (
-        "by_partition",
-        "classic",
-        "classic_routes",
-        "ext_topic",
-        "layout",
-        "partition_num",
-        "unkeyed",
-    )
-
-    def __init__(self, layout: TopicLayout, topic: str) -> None:
-        self.layout = layout
-        self.classic = layout.is_classic
-        self.classic_routes = _classic_routes(node.tcp_address for node in layout.classic_nodes)
-        self.ext_topic = layout.extend_support
-        self.partition_num = layout.partition_num
-        self.by_partition = {
-            partition: _Route(leader.tcp_address, partition, True, self.ext_topic, topic)
-            for partition, leader in layout.partitions.items()
-        }
-        self.unkeyed = list(self.by_partition.values())
 
 
 class Producer:
@@ -231,11 +143,17 @@ class Producer:
         self._pool = ConnectionPool(
             self.connection_config, connections_per_key=connections_per_partition
         )
-        self._rr: dict[str, itertools.count[int]] = {}
-        self._ok_results: dict[tuple[str, int | None, str], PublishResult] = {}
-        self._pub_heads: dict[tuple[str, int | None], bytes] = {}
-        self._tables: dict[str, _RouteTable] = {}
-        self._direct_routes = _classic_routes(self._nsqd)
+        self._router = Router(self.sharder, self._nsqd)
+        self._codec = PublishCodec(
+            max_msg_size=max_msg_size, max_body_size=max_body_size, inject=Telemetry.inject
+        )
+        # Bound once: the hot path calls these per publish, with no lookup through the parts.
+        self._direct_routes = self._router.direct_routes
+        self._route_layout = self._router.route
+        self._route_classic = self._router.route_classic
+        self._fit = self._codec.fit
+        self._prepare = self._codec.prepare
+        self._results = self._codec.results
         self._trace_default = bool(trace)
         self._trace_topics: dict[str, bool] = {}
         self.trace_key_hash = trace_key_hash
@@ -301,7 +219,7 @@ class Producer:
             await self._lookup.discover()
             return
         results = await asyncio.gather(
-            *(self._pool.get(address, _ANY_TOPIC, None) for address in self._nsqd),
+            *(self._pool.get(address, ANY_TOPIC, None) for address in self._nsqd),
             return_exceptions=True,
         )
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -407,7 +325,7 @@ class Producer:
             # batch is the request (see _batched for every other case).
             result: PublishResult = await batcher.add((topic, "any"), data, None, ordered=False)
             return result
-        request = _Publish(topic, "PUB", [data])
+        request = PublishRequest(topic, "PUB", [data])
         self._common_args(request, partition, sharding_key)
         if trace_id is not None:
             request.trace_ids = [check_trace_id(trace_id)]
@@ -420,7 +338,7 @@ class Producer:
             encoded = encode_ext(ext)
             if request.trace_ids is not None:
                 # PUB_EXT carries a trace id in its header (and is answered with a receipt)
-                encoded, trace = _ext_with_trace_id(
+                encoded, trace = ext_with_trace_id(
                     encoded, request.trace_ids[0], request.auto_trace
                 )
                 request.trace_ids = [trace]
@@ -429,7 +347,7 @@ class Producer:
         if delay is not None:
             if trace_id is not None or ext is not None:
                 raise UnsupportedFeatureError("delay cannot be combined with trace_id or ext")
-            request.delay_ms = _delay_ms(delay)
+            request.delay_ms = delay_to_ms(delay)
             request.command = "DPUB"
         if (
             self._batcher is not None
@@ -500,11 +418,11 @@ class Producer:
         data = check_bodies(list(bodies), self.max_msg_size, self.max_body_size)
         if self._closing:
             raise _closing_error()
-        request = _Publish(topic, "MPUB", data)
+        request = PublishRequest(topic, "MPUB", data)
         self._common_args(request, partition, sharding_key)
         auto = not trace and trace_ids is None and exts is None and self.tracing(topic)
         if trace or trace_ids is not None or auto:
-            ids = list(trace_ids) if trace_ids is not None else _new_trace_ids(len(data))
+            ids = list(trace_ids) if trace_ids is not None else new_trace_ids(len(data))
             request.auto_trace = auto
             if len(ids) != len(data):
                 raise ValidationError("trace_ids", f"{len(ids)} trace ids for {len(data)} bodies")
@@ -563,7 +481,7 @@ class Producer:
             appenders[target](index)
         auto = not trace and ids is None and encoded is None and self.tracing(topic)
         if (trace or auto) and ids is None:
-            ids = _new_trace_ids(count)
+            ids = new_trace_ids(count)
         requests = []
         for target, indexes in groups.items():
             batch = [data[i] for i in indexes] if len(groups) > 1 else data
@@ -574,7 +492,7 @@ class Producer:
                     f"the batch for {_describe_target(target)} is {size} bytes on the wire, "
                     f"over the maximum of {self.max_body_size}",
                 )
-            request = _Publish(topic, "MPUB", batch)
+            request = PublishRequest(topic, "MPUB", batch)
             request.key = keys[indexes[0]]  # keyed: never moves off its target
             if isinstance(target, int):
                 request.pinned = target
@@ -600,27 +518,11 @@ class Producer:
         return cast("list[PublishResult]", results)  # every index is in exactly one group
 
     async def _key_targets(self, topic: str, keys: Sequence[Any]) -> list[int | str]:
-        """Where each key publishes: a partition (youzan) or an nsqd address (classic), by
-        the rules of _route_youzan and _route_classic. Bad keys raise, naming their index."""
-        routes: Sequence[_Route]
-        if self._lookup is None:
-            routes = self._direct_routes
-        else:
-            layout = await self._lookup.lookup(topic, "w")
-            table = self._tables.get(topic)
-            if table is None or table.layout is not layout:
-                table = self._tables[topic] = _RouteTable(layout, topic)
-            if not table.classic:
-                count = table.partition_num
-                if count <= 0:
-                    raise NoWritablePartitionError(f"topic {topic!r}: partition count unknown")
-                return list(self.sharder.partitions_for(keys, count))
-            routes = table.classic_routes
-        if not routes:
-            raise NoWritablePartitionError(f"no nsqd publishes topic {topic!r} yet")
-        return [routes[i].address for i in self.sharder.partitions_for(keys, len(routes))]
+        """Where each key publishes: a partition (youzan) or an nsqd address (classic)."""
+        layout = None if self._lookup is None else await self._lookup.lookup(topic, "w")
+        return self._router.key_targets(topic, keys, layout)
 
-    def _common_args(self, request: _Publish, partition: int | None, key: Any) -> None:
+    def _common_args(self, request: PublishRequest, partition: int | None, key: Any) -> None:
         if partition is not None and key is not None:
             raise ValidationError("partition", "give a partition or a sharding_key, not both")
         if partition is not None:
@@ -631,7 +533,7 @@ class Producer:
 
     # ------------------------------------------------------------------ sending
 
-    async def _batched(self, request: _Publish) -> PublishResult:
+    async def _batched(self, request: PublishRequest) -> PublishResult:
         """Hand the message to the batcher, in the lane of its partition (keyed or explicit
         publishes) or the topic's shared lane (unkeyed)."""
         if self._state != "started":
@@ -639,7 +541,7 @@ class Producer:
         if self._batcher is None:  # pragma: no cover - only called with a batcher
             raise ValidationError("linger", "batching is off")
         lane: tuple[Any, ...]
-        ordered = request.partition is not None or request.key is not _NO_KEY
+        ordered = request.partition is not None or request.key is not NO_KEY
         if not ordered:
             lane = (request.topic, "any")
         else:
@@ -655,7 +557,7 @@ class Producer:
     async def _flush_batch(
         self, lane: Any, bodies: list[bytes], trace_ids: list[int] | None
     ) -> list[PublishResult]:
-        request = _Publish(lane[0], "MPUB", bodies)
+        request = PublishRequest(lane[0], "MPUB", bodies)
         if trace_ids is not None:
             request.command = "MPUB_TRACE"
             request.trace_ids = trace_ids
@@ -668,7 +570,7 @@ class Producer:
         return await self._run(request, None)
 
     def _new_trace_id(self, key: Any) -> int:
-        if key is not _NO_KEY and self.trace_key_hash:
+        if key is not NO_KEY and self.trace_key_hash:
             # youzan go-nsq traces a keyed publish with the key's hash
             hashed = self.sharder.hash32(key)
             if hashed is not None:
@@ -677,7 +579,7 @@ class Producer:
 
     async def _run(
         self,
-        request: _Publish,
+        request: PublishRequest,
         timeout: float | None,
         first_failure: BaseException | None = None,
     ) -> list[PublishResult]:
@@ -693,7 +595,7 @@ class Producer:
         return results
 
     async def _run_in_span(
-        self, request: _Publish, timeout: float | None, first_failure: BaseException | None
+        self, request: PublishRequest, timeout: float | None, first_failure: BaseException | None
     ) -> list[PublishResult]:
         """_run_retrying inside a ``send {topic}`` span, counted in the metrics."""
         telemetry = self._telemetry
@@ -723,7 +625,7 @@ class Producer:
 
     async def _run_retrying(
         self,
-        request: _Publish,
+        request: PublishRequest,
         timeout: float | None,
         first_failure: BaseException | None = None,
     ) -> list[PublishResult]:
@@ -777,7 +679,7 @@ class Producer:
             tries=tries,
         ) from last
 
-    def _wait_for(self, request: _Publish) -> Any:
+    def _wait_for(self, request: PublishRequest) -> Any:
         backoff = self.retry_backoff
 
         def wait(retry_state: Any) -> float:
@@ -788,7 +690,7 @@ class Producer:
 
         return wait
 
-    async def _after_failure(self, request: _Publish, exc: BaseException) -> None:
+    async def _after_failure(self, request: PublishRequest, exc: BaseException) -> None:
         if request.movable and request.last_partition is not None:
             request.avoid.add(request.last_partition)
         self._telemetry.count("retries", 1, {"messaging.destination.name": request.topic})
@@ -807,7 +709,9 @@ class Producer:
                 log.debug("lookup refresh for %s failed: %s", request.topic, refresh_error)
         log.info("publish to %s failed (%s); retrying", request.topic, exc)
 
-    async def _attempt(self, request: _Publish, tries: int, timeout: float) -> list[PublishResult]:
+    async def _attempt(
+        self, request: PublishRequest, tries: int, timeout: float
+    ) -> list[PublishResult]:
         route = await self._route(request)
         request.last_partition = route.partition
         conn = self._pool.get_nowait(route.address, route.pool_topic, route.partition)
@@ -817,48 +721,18 @@ class Producer:
         return self._results(request, route, frame, tries)
 
     def _send(
-        self, request: _Publish, route: _Route, conn: Connection, timeout: float
+        self, request: PublishRequest, route: Route, conn: Connection, timeout: float
     ) -> asyncio.Future[bytes]:
         """Check, encode and queue one attempt; the future gets nsqd's answer."""
-        if request.auto_trace and not (route.youzan or conn.youzan):
-            request.command = "MPUB" if request.batch else "PUB"  # classic nsqd: no tracing
-            request.trace_ids = None
-            request.auto_trace = False
-        self._check_features(request, route, conn)
+        self._fit(request, route, route.youzan or conn.youzan)
         command, data = self._prepare(request, route)
         return conn.request_future(
             data, command, timeout=min(timeout, self.connection_config.request_timeout)
         )
 
-    def _prepare(self, request: _Publish, route: _Route) -> tuple[str, bytes]:
-        """The command and bytes of one attempt. On ext topics, a traced span travels in the
-        ext header (W3C traceparent) so the consumer continues the trace."""
-        span = request.span
-        if (
-            route.ext_topic
-            and span is not None
-            and span.is_recording()
-            and request.command in ("PUB", "PUB_TRACE", "PUB_EXT")
-        ):
-            header: dict[str, Any] = {}
-            if request.exts is not None and request.exts[0]:
-                header.update(json.loads(request.exts[0]))
-            Telemetry.inject(header, span)
-            if request.trace_ids is not None:
-                header["##trace_id"] = str(request.trace_ids[0])
-            data = commands.pub_ext(
-                request.topic,
-                request.bodies[0],
-                header,
-                route.partition,
-                max_msg_size=self.max_msg_size,
-            )
-            return "PUB_EXT", data
-        return request.command, self._encode(request, route.partition)
-
     # ------------------------------------------------------------------ routing
 
-    def _route_now(self, request: _Publish) -> _Route | None:
+    def _route_now(self, request: PublishRequest) -> Route | None:
         """The route from what is cached (None when the layout must be fetched first)."""
         if self._lookup is None:
             return self._route_classic(request, self._direct_routes)
@@ -867,226 +741,15 @@ class Producer:
             return None
         return self._route_layout(request, layout)
 
-    async def _route(self, request: _Publish) -> _Route:
+    async def _route(self, request: PublishRequest) -> Route:
         if self._lookup is None:
             return self._route_classic(request, self._direct_routes)
         layout = await self._lookup.lookup(request.topic, "w")
         return self._route_layout(request, layout)
 
-    def _route_layout(self, request: _Publish, layout: TopicLayout) -> _Route:
-        table = self._tables.get(request.topic)
-        if table is None or table.layout is not layout:
-            # A layout is immutable: its routes are computed once, not per publish.
-            table = self._tables[request.topic] = _RouteTable(layout, request.topic)
-        if table.classic:
-            return self._route_classic(request, table.classic_routes)
-        return self._route_youzan(request, table)
-
-    def _route_classic(self, request: _Publish, routes: Sequence[_Route]) -> _Route:
-        if not routes:
-            raise NoWritablePartitionError(f"no nsqd publishes topic {request.topic!r} yet")
-        if request.address is not None:
-            return _Route(request.address, request.partition, False, False, _ANY_TOPIC)
-        if request.key is not _NO_KEY:
-            index = self.sharder.partition_for(request.key, len(routes))
-        else:
-            index = next(self._counter(request.topic)) % len(routes)
-        route = routes[index]
-        if request.partition is not None:  # refused later, with the nsqd's address
-            return _Route(route.address, request.partition, False, False, _ANY_TOPIC)
-        return route
-
-    def _route_youzan(self, request: _Publish, table: _RouteTable) -> _Route:
-        if (
-            request.movable
-            and not request.avoid
-            and request.command != "DPUB"
-            and (request.exts is None or table.ext_topic)
-            and table.unkeyed
-        ):
-            # The common case: round-robin over the writable partitions.
-            unkeyed = table.unkeyed
-            return unkeyed[next(self._counter(request.topic)) % len(unkeyed)]
-        ext_topic = table.ext_topic
-        if request.command == "DPUB":
-            raise UnsupportedFeatureError(
-                "youzan nsqd has no deferred publish (DPUB); delay consumption with a requeue "
-                "delay instead"
-            )
-        if request.exts is not None and not ext_topic:
-            raise UnsupportedFeatureError(
-                f"topic {request.topic!r} is not an ext topic (created without extend=true); "
-                "it cannot carry ext headers"
-            )
-        partition_num = table.partition_num
-        if request.partition is not None or request.key is not _NO_KEY:
-            if request.pinned is None:
-                if request.partition is not None:
-                    if partition_num and request.partition >= partition_num:
-                        raise ValidationError(
-                            "partition",
-                            f"topic {request.topic!r} has {partition_num} partitions, "
-                            f"got {request.partition}",
-                        )
-                    request.pinned = request.partition
-                else:
-                    if partition_num <= 0:
-                        raise NoWritablePartitionError(
-                            f"topic {request.topic!r}: partition count unknown"
-                        )
-                    request.pinned = self.sharder.partition_for(request.key, partition_num)
-            route = table.by_partition.get(request.pinned)
-            if route is None:
-                raise NoWritablePartitionError(
-                    f"partition {request.pinned} of {request.topic!r} has no writable leader now"
-                )
-            return route
-        candidates = [r for r in table.unkeyed if r.partition not in request.avoid]
-        candidates = candidates or table.unkeyed
-        if not candidates:
-            raise NoWritablePartitionError(f"topic {request.topic!r} has no writable partition")
-        return candidates[next(self._counter(request.topic)) % len(candidates)]
-
-    def _counter(self, topic: str) -> itertools.count[int]:
-        counter = self._rr.get(topic)
-        if counter is None:
-            # A random start spreads many producers' first messages over the partitions.
-            counter = self._rr[topic] = itertools.count(random.randrange(1 << 16))
-        return counter
-
-    def _check_features(self, request: _Publish, route: _Route, conn: Connection) -> None:
-        youzan = route.youzan or conn.youzan
-        if youzan and request.command == "DPUB":
-            raise UnsupportedFeatureError("youzan nsqd has no deferred publish (DPUB)")
-        if not youzan and request.command not in ("PUB", "MPUB", "DPUB"):
-            feature = "ext headers" if request.exts is not None else "trace ids"
-            raise UnsupportedFeatureError(f"classic nsqd {route.address} has no {feature}")
-        if not youzan and request.partition is not None:
-            raise UnsupportedFeatureError(f"classic nsqd {route.address} has no partitions")
-
-    # ------------------------------------------------------------------ wire
-
-    def _encode(self, request: _Publish, partition: int | None) -> bytes:
-        topic = request.topic
-        bodies = request.bodies
-        command = request.command
-        limits = {"max_msg_size": self.max_msg_size}
-        if command == "PUB":
-            # the body was checked by publish(); the head is the same for every PUB here
-            head = self._pub_heads.get((topic, partition))
-            if head is None:
-                head = commands.pub_head(topic, partition)
-                if len(self._pub_heads) < 4096:
-                    self._pub_heads[(topic, partition)] = head
-            return commands.pub_with_head(head, bodies[0])
-        if command == "PUB_TRACE" and request.trace_ids is not None:
-            return commands.pub_trace(topic, bodies[0], request.trace_ids[0], partition, **limits)
-        if command == "PUB_EXT" and request.exts is not None:
-            ext = request.exts[0]
-            return commands.pub_ext(topic, bodies[0], ext or b"{}", partition, **limits)
-        if command == "DPUB" and request.delay_ms is not None:
-            return commands.dpub(topic, bodies[0], request.delay_ms, **limits)
-        if command == "MPUB":
-            # bodies checked by publish_many() or, batched, by publish() and the batcher
-            head = commands.mpub_head(topic, partition)
-            return commands.mpub_with_head(head, bodies, self.max_body_size)
-        if command == "MPUB_TRACE" and request.trace_ids is not None:
-            # checked again: a trace id takes 8 bytes of each message's max_msg_size
-            batch_limits = {**limits, "max_body_size": self.max_body_size}
-            return commands.mpub_trace(topic, bodies, request.trace_ids, partition, **batch_limits)
-        if command == "MPUB_EXT" and request.exts is not None:
-            # bodies checked and ext headers encoded by publish_many()
-            head = commands.mpub_ext_head(topic, partition)
-            return commands.mpub_ext_with_head(head, bodies, request.exts, self.max_body_size)
-        raise ValidationError("command", f"cannot encode {command}")  # pragma: no cover
-
-    def _results(
-        self, request: _Publish, route: _Route, frame: bytes, tries: int
-    ) -> list[PublishResult]:
-        topic, partition, address = request.topic, route.partition, route.address
-        if frame == OK:
-            if tries == 1:
-                # Results are immutable: a plain acknowledgement is the same value each time.
-                key = (topic, partition, address)
-                result = self._ok_results.get(key)
-                if result is None:
-                    result = PublishResult(topic, partition, address)
-                    if len(self._ok_results) < 4096:
-                        self._ok_results[key] = result
-            else:
-                result = PublishResult(topic, partition, address, tries=tries)
-            return [result] * len(request.bodies)
-        receipt = TraceReceipt.decode(frame)
-        if not request.batch:
-            return [
-                PublishResult(
-                    topic,
-                    partition,
-                    address,
-                    receipt.internal_id,
-                    receipt.trace_id,
-                    receipt.offset,
-                    receipt.size,
-                    tries,
-                )
-            ]
-        # MPUB_TRACE answers for the batch: the first id and offset, the total size. An
-        # atomic batch takes consecutive ids; offsets follow from each message's disk size.
-        sizes = [_DISK_OVERHEAD + (1 if route.ext_topic else 0) + len(b) for b in request.bodies]
-        exact = sum(sizes) == receipt.size
-        trace_ids = request.trace_ids or [0] * len(request.bodies)
-        results = []
-        offset = receipt.offset
-        for i, size in enumerate(sizes):
-            results.append(
-                PublishResult(
-                    topic,
-                    partition,
-                    address,
-                    receipt.internal_id + i,
-                    trace_ids[i],
-                    offset if exact or i == 0 else None,
-                    size if exact else None,
-                    tries,
-                )
-            )
-            offset += size
-        return results
-
-
-def _delay_ms(delay: float) -> int:
-    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0:
-        raise ValidationError("delay", f"must be seconds >= 0, got {delay!r}")
-    ms = round(delay * 1000)
-    if ms > MAX_DPUB_DELAY_MS:
-        raise ValidationError("delay", f"must be at most {MAX_DPUB_DELAY_MS // 1000} s")
-    return ms
-
-
-def _ext_with_trace_id(ext: bytes, trace_id: int, generated: bool) -> tuple[bytes, int]:
-    """The ext header carrying ``trace_id`` as ``##trace_id``. A header that has one already
-    keeps it when ``trace_id`` was generated (the trace switch), and must agree with an
-    explicit ``trace_id``."""
-    header = json.loads(ext)
-    present = header.get("##trace_id")
-    if present is not None:
-        if generated:
-            return ext, int(present)
-        if present != str(trace_id):
-            raise ValidationError(
-                "ext", f"its ##trace_id {present!r} differs from trace_id={trace_id}"
-            )
-        return ext, trace_id
-    header["##trace_id"] = str(trace_id)
-    return json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode(), trace_id
-
 
 def _describe_target(target: int | str) -> str:
     return f"partition {target}" if isinstance(target, int) else f"nsqd {target}"
-
-
-def _new_trace_ids(count: int) -> list[int]:
-    return [random.getrandbits(64) for _ in range(count)]
 
 
 def _closing_error() -> ClientClosedError:

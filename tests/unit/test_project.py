@@ -48,6 +48,7 @@ def test_the_embedded_cluster_uses_nothing_of_the_client() -> None:
     """The emulator stands on the protocol floor only, so a client bug cannot be mirrored
     by the server it is tested against; and the protocol floor does no I/O."""
     client = ("smartnsq.transport", "smartnsq.producer", "smartnsq.consumer", "smartnsq.flow")
+    client += ("smartnsq.publishing",)
     client += ("smartnsq.routing", "smartnsq.batching", "smartnsq.sync", "smartnsq.retry")
     # containers.py is no emulator: it runs real servers in Docker and hands out clients.
     testing = (ROOT / "smartnsq" / "testing").glob("*.py")
@@ -57,6 +58,18 @@ def test_the_embedded_cluster_uses_nothing_of_the_client() -> None:
         assert not leaks, f"{path.name} imports {leaks}"
     for path in sorted((ROOT / "smartnsq" / "protocol").glob("*.py")):
         io = {m for m in _imported_modules(path) if m.split(".")[0] in ("asyncio", "socket")}
+        assert not io, f"{path.name} imports {io}"
+
+
+def test_the_publish_path_parts_are_pure() -> None:
+    """smartnsq.publishing does no I/O and stands only on the floors below the Producer."""
+    below = ("smartnsq.protocol", "smartnsq.routing", "smartnsq.publishing")
+    below += ("smartnsq.errors", "smartnsq.publish_result")
+    for path in sorted((ROOT / "smartnsq" / "publishing").glob("*.py")):
+        imported = _imported_modules(path)
+        above = {m for m in imported if m.split(".")[0] == "smartnsq" and not m.startswith(below)}
+        assert not above, f"{path.name} imports {above}"
+        io = {m for m in imported if m.split(".")[0] in ("asyncio", "socket")}
         assert not io, f"{path.name} imports {io}"
 
 

@@ -1,0 +1,203 @@
+"""Where a publish goes (pure, no I/O): an explicit partition, a sharding key's partition, or
+round-robin over the writable partitions; on classic nsqd, one of the nsqd nodes.
+
+Given a topic's layout (or, in direct mode, the nsqd addresses), a sharder and the
+round-robin counters, :class:`Router` returns a :class:`Route`: the address, the partition and
+the key of the pooled connection to publish on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from smartnsq.errors import NoWritablePartitionError, UnsupportedFeatureError, ValidationError
+from smartnsq.protocol.lookupd import TopicLayout
+from smartnsq.publishing.request import NO_KEY, PublishRequest
+from smartnsq.routing.sharding import Sharder
+
+__all__ = ["ANY_TOPIC", "Route", "RouteTable", "Router", "classic_routes"]
+
+# Classic connections carry every topic; youzan ones are per (topic, partition).
+ANY_TOPIC = "*"
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where one attempt goes: the nsqd, the partition (None on classic), whether it is a
+    youzan nsqd and the topic an ext topic, and the topic the pooled connection is kept
+    under (:data:`ANY_TOPIC` on classic)."""
+
+    address: str
+    partition: int | None
+    youzan: bool
+    ext_topic: bool
+    pool_topic: str
+
+
+def classic_routes(addresses: Iterable[str]) -> list[Route]:
+    return [Route(address, None, False, False, ANY_TOPIC) for address in addresses]
+
+
+class RouteTable:
+    """The routes of one (immutable) layout, computed once."""
+
+    __slots__ = (
+        "by_partition",
+        "classic",
+        "classic_routes",
+        "ext_topic",
+        "layout",
+        "partition_num",
+        "unkeyed",
+    )
+
+    def __init__(self, layout: TopicLayout, topic: str) -> None:
+        self.layout = layout
+        self.classic = layout.is_classic
+        self.classic_routes = classic_routes(node.tcp_address for node in layout.classic_nodes)
+        self.ext_topic = layout.extend_support
+        self.partition_num = layout.partition_num
+        self.by_partition = {
+            partition: Route(leader.tcp_address, partition, True, self.ext_topic, topic)
+            for partition, leader in layout.partitions.items()
+        }
+        self.unkeyed = list(self.by_partition.values())
+
+
+def _random_start() -> int:
+    # A random start spreads many producers' first messages over the partitions.
+    return random.randrange(1 << 16)
+
+
+class Router:
+    """The routing decisions of one producer: its sharder, a round-robin counter per topic
+    and the route tables of the layouts it has seen. ``nsqd`` are the addresses of direct
+    mode (``Producer(nsqd=...)``); ``start`` gives each topic's first round-robin turn."""
+
+    __slots__ = ("_counters", "_start", "_tables", "direct_routes", "sharder")
+
+    def __init__(
+        self,
+        sharder: Sharder,
+        nsqd: Iterable[str] = (),
+        *,
+        start: Callable[[], int] = _random_start,
+    ) -> None:
+        self.sharder = sharder
+        self.direct_routes = classic_routes(nsqd)
+        self._start = start
+        self._counters: dict[str, itertools.count[int]] = {}
+        self._tables: dict[str, RouteTable] = {}
+
+    def table(self, topic: str, layout: TopicLayout) -> RouteTable:
+        table = self._tables.get(topic)
+        if table is None or table.layout is not layout:
+            # A layout is immutable: its routes are computed once, not per publish.
+            table = self._tables[topic] = RouteTable(layout, topic)
+        return table
+
+    def route(self, request: PublishRequest, layout: TopicLayout) -> Route:
+        """The route of ``request`` in ``layout`` (fetched for writing)."""
+        table = self._tables.get(request.topic)
+        if table is None or table.layout is not layout:
+            table = self._tables[request.topic] = RouteTable(layout, request.topic)
+        if table.classic:
+            return self.route_classic(request, table.classic_routes)
+        return self._route_youzan(request, table)
+
+    def route_classic(self, request: PublishRequest, routes: Sequence[Route]) -> Route:
+        """One of the classic nsqd ``routes``: the batch's own, the key's, or round-robin."""
+        if not routes:
+            raise NoWritablePartitionError(f"no nsqd publishes topic {request.topic!r} yet")
+        if request.address is not None:
+            return Route(request.address, request.partition, False, False, ANY_TOPIC)
+        if request.key is not NO_KEY:
+            index = self.sharder.partition_for(request.key, len(routes))
+        else:
+            index = next(self._counter(request.topic)) % len(routes)
+        route = routes[index]
+        if request.partition is not None:  # refused later, with the nsqd's address
+            return Route(route.address, request.partition, False, False, ANY_TOPIC)
+        return route
+
+    def _route_youzan(self, request: PublishRequest, table: RouteTable) -> Route:
+        if (
+            request.movable
+            and not request.avoid
+            and request.command != "DPUB"
+            and (request.exts is None or table.ext_topic)
+            and table.unkeyed
+        ):
+            # The common case: round-robin over the writable partitions.
+            unkeyed = table.unkeyed
+            return unkeyed[next(self._counter(request.topic)) % len(unkeyed)]
+        ext_topic = table.ext_topic
+        if request.command == "DPUB":
+            raise UnsupportedFeatureError(
+                "youzan nsqd has no deferred publish (DPUB); delay consumption with a requeue "
+                "delay instead"
+            )
+        if request.exts is not None and not ext_topic:
+            raise UnsupportedFeatureError(
+                f"topic {request.topic!r} is not an ext topic (created without extend=true); "
+                "it cannot carry ext headers"
+            )
+        partition_num = table.partition_num
+        if request.partition is not None or request.key is not NO_KEY:
+            if request.pinned is None:
+                if request.partition is not None:
+                    if partition_num and request.partition >= partition_num:
+                        raise ValidationError(
+                            "partition",
+                            f"topic {request.topic!r} has {partition_num} partitions, "
+                            f"got {request.partition}",
+                        )
+                    request.pinned = request.partition
+                else:
+                    if partition_num <= 0:
+                        raise NoWritablePartitionError(
+                            f"topic {request.topic!r}: partition count unknown"
+                        )
+                    request.pinned = self.sharder.partition_for(request.key, partition_num)
+            route = table.by_partition.get(request.pinned)
+            if route is None:
+                raise NoWritablePartitionError(
+                    f"partition {request.pinned} of {request.topic!r} has no writable leader now"
+                )
+            return route
+        candidates = [r for r in table.unkeyed if r.partition not in request.avoid]
+        candidates = candidates or table.unkeyed
+        if not candidates:
+            raise NoWritablePartitionError(f"topic {request.topic!r} has no writable partition")
+        return candidates[next(self._counter(request.topic)) % len(candidates)]
+
+    def _counter(self, topic: str) -> itertools.count[int]:
+        counter = self._counters.get(topic)
+        if counter is None:
+            counter = self._counters[topic] = itertools.count(self._start())
+        return counter
+
+    def key_targets(
+        self, topic: str, keys: Sequence[Any], layout: TopicLayout | None
+    ) -> list[int | str]:
+        """Where each key publishes, by the rules of :meth:`route`: a partition (youzan) or
+        an nsqd address (classic; ``layout`` None in direct mode). Bad keys raise, naming
+        their index."""
+        routes: Sequence[Route]
+        if layout is None:
+            routes = self.direct_routes
+        else:
+            table = self.table(topic, layout)
+            if not table.classic:
+                count = table.partition_num
+                if count <= 0:
+                    raise NoWritablePartitionError(f"topic {topic!r}: partition count unknown")
+                return list(self.sharder.partitions_for(keys, count))
+            routes = table.classic_routes
+        if not routes:
+            raise NoWritablePartitionError(f"no nsqd publishes topic {topic!r} yet")
+        return [routes[i].address for i in self.sharder.partitions_for(keys, len(routes))]

@@ -1,0 +1,198 @@
+"""A publish on the wire (pure, no I/O): which command the server can take, the request as
+bytes, and nsqd's answer as :class:`PublishResult` values.
+
+Two caches keep the hot path short: the head of a PUB to one (topic, partition) is encoded
+once, and a plain ``OK`` to one (topic, partition, address) is answered with the same
+immutable result each time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+from smartnsq.errors import UnsupportedFeatureError, ValidationError
+from smartnsq.protocol import commands
+from smartnsq.protocol.responses import OK, TraceReceipt
+from smartnsq.protocol.validation import MAX_BODY_SIZE, MAX_MSG_SIZE
+from smartnsq.publish_result import PublishResult
+from smartnsq.publishing.request import PublishRequest
+from smartnsq.publishing.routes import Route
+
+__all__ = ["DISK_OVERHEAD", "Inject", "PublishCodec"]
+
+# On-disk size of a youzan message beyond its body (length + header), for batch offsets; an
+# ext topic adds one byte (the ext header's length, for an empty header).
+DISK_OVERHEAD = 4 + 26
+# Entries a codec caches at most (heads, results): a bound against unbounded topic names.
+_CACHE_LIMIT = 4096
+
+# Writes the trace context of a span (``traceparent``) into an ext header.
+Inject = Callable[[MutableMapping[str, Any], Any], None]
+
+_SINGLE = ("PUB", "PUB_TRACE", "PUB_EXT")
+
+
+class PublishCodec:
+    """Encodes the attempts of a producer's publishes and decodes nsqd's answers.
+
+    ``inject`` (OpenTelemetry's, from the Producer) writes a recording span's context into
+    the ext header of a single message on an ext topic, so the consumer continues the trace;
+    without it spans do not travel.
+    """
+
+    __slots__ = ("_inject", "_ok_results", "_pub_heads", "max_body_size", "max_msg_size")
+
+    def __init__(
+        self,
+        *,
+        max_msg_size: int = MAX_MSG_SIZE,
+        max_body_size: int = MAX_BODY_SIZE,
+        inject: Inject | None = None,
+    ) -> None:
+        self.max_msg_size = max_msg_size
+        self.max_body_size = max_body_size
+        self._inject = inject
+        self._pub_heads: dict[tuple[str, int | None], bytes] = {}
+        self._ok_results: dict[tuple[str, int | None, str], PublishResult] = {}
+
+    # ------------------------------------------------------------------ what the server takes
+
+    @staticmethod
+    def fit(request: PublishRequest, route: Route, youzan: bool) -> None:
+        """Adapt ``request`` to the server of ``route`` (``youzan`` says whether it is one):
+        a publish traced only by the trace switch goes untraced to classic nsqd; what the
+        server cannot take raises :class:`UnsupportedFeatureError`."""
+        if request.auto_trace and not youzan:
+            request.command = "MPUB" if request.batch else "PUB"  # classic nsqd: no tracing
+            request.trace_ids = None
+            request.auto_trace = False
+        if youzan and request.command == "DPUB":
+            raise UnsupportedFeatureError("youzan nsqd has no deferred publish (DPUB)")
+        if not youzan and request.command not in ("PUB", "MPUB", "DPUB"):
+            feature = "ext headers" if request.exts is not None else "trace ids"
+            raise UnsupportedFeatureError(f"classic nsqd {route.address} has no {feature}")
+        if not youzan and request.partition is not None:
+            raise UnsupportedFeatureError(f"classic nsqd {route.address} has no partitions")
+
+    # ------------------------------------------------------------------ requests
+
+    def prepare(self, request: PublishRequest, route: Route) -> tuple[str, bytes]:
+        """The command and bytes of one attempt. On ext topics, a recording span travels in
+        the ext header (W3C traceparent): the message goes as PUB_EXT."""
+        span = request.span
+        if (
+            route.ext_topic
+            and span is not None
+            and self._inject is not None
+            and span.is_recording()
+            and request.command in _SINGLE
+        ):
+            header: dict[str, Any] = {}
+            if request.exts is not None and request.exts[0]:
+                header.update(json.loads(request.exts[0]))
+            self._inject(header, span)
+            if request.trace_ids is not None:
+                header["##trace_id"] = str(request.trace_ids[0])
+            data = commands.pub_ext(
+                request.topic,
+                request.bodies[0],
+                header,
+                route.partition,
+                max_msg_size=self.max_msg_size,
+            )
+            return "PUB_EXT", data
+        return request.command, self.encode(request, route.partition)
+
+    def encode(self, request: PublishRequest, partition: int | None) -> bytes:
+        """``request`` as the bytes of its command, to ``partition``."""
+        topic = request.topic
+        bodies = request.bodies
+        command = request.command
+        limits = {"max_msg_size": self.max_msg_size}
+        if command == "PUB":
+            # the body was checked by publish(); the head is the same for every PUB here
+            head = self._pub_heads.get((topic, partition))
+            if head is None:
+                head = commands.pub_head(topic, partition)
+                if len(self._pub_heads) < _CACHE_LIMIT:
+                    self._pub_heads[(topic, partition)] = head
+            return commands.pub_with_head(head, bodies[0])
+        if command == "PUB_TRACE" and request.trace_ids is not None:
+            return commands.pub_trace(topic, bodies[0], request.trace_ids[0], partition, **limits)
+        if command == "PUB_EXT" and request.exts is not None:
+            ext = request.exts[0]
+            return commands.pub_ext(topic, bodies[0], ext or b"{}", partition, **limits)
+        if command == "DPUB" and request.delay_ms is not None:
+            return commands.dpub(topic, bodies[0], request.delay_ms, **limits)
+        if command == "MPUB":
+            # bodies checked by publish_many() or, batched, by publish() and the batcher
+            head = commands.mpub_head(topic, partition)
+            return commands.mpub_with_head(head, bodies, self.max_body_size)
+        if command == "MPUB_TRACE" and request.trace_ids is not None:
+            # checked again: a trace id takes 8 bytes of each message's max_msg_size
+            batch_limits = {**limits, "max_body_size": self.max_body_size}
+            return commands.mpub_trace(topic, bodies, request.trace_ids, partition, **batch_limits)
+        if command == "MPUB_EXT" and request.exts is not None:
+            # bodies checked and ext headers encoded by publish_many()
+            head = commands.mpub_ext_head(topic, partition)
+            return commands.mpub_ext_with_head(head, bodies, request.exts, self.max_body_size)
+        raise ValidationError("command", f"cannot encode {command}")
+
+    # ------------------------------------------------------------------ answers
+
+    def results(
+        self, request: PublishRequest, route: Route, frame: bytes, tries: int
+    ) -> list[PublishResult]:
+        """nsqd's answer ``frame`` to the ``tries``-th attempt: one result per message."""
+        topic, partition, address = request.topic, route.partition, route.address
+        if frame == OK:
+            if tries == 1:
+                # Results are immutable: a plain acknowledgement is the same value each time.
+                key = (topic, partition, address)
+                result = self._ok_results.get(key)
+                if result is None:
+                    result = PublishResult(topic, partition, address)
+                    if len(self._ok_results) < _CACHE_LIMIT:
+                        self._ok_results[key] = result
+            else:
+                result = PublishResult(topic, partition, address, tries=tries)
+            return [result] * len(request.bodies)
+        receipt = TraceReceipt.decode(frame)
+        if not request.batch:
+            return [
+                PublishResult(
+                    topic,
+                    partition,
+                    address,
+                    receipt.internal_id,
+                    receipt.trace_id,
+                    receipt.offset,
+                    receipt.size,
+                    tries,
+                )
+            ]
+        # MPUB_TRACE answers for the batch: the first id and offset, the total size. An
+        # atomic batch takes consecutive ids; offsets follow from each message's disk size,
+        # and are given only when they add up to the receipt's size.
+        sizes = [DISK_OVERHEAD + (1 if route.ext_topic else 0) + len(b) for b in request.bodies]
+        exact = sum(sizes) == receipt.size
+        trace_ids = request.trace_ids or [0] * len(request.bodies)
+        results = []
+        offset = receipt.offset
+        for i, size in enumerate(sizes):
+            results.append(
+                PublishResult(
+                    topic,
+                    partition,
+                    address,
+                    receipt.internal_id + i,
+                    trace_ids[i],
+                    offset if exact or i == 0 else None,
+                    size if exact else None,
+                    tries,
+                )
+            )
+            offset += size
+        return results
