@@ -484,13 +484,8 @@ class Topology:
         from_node: int | None = None,
         to_node: int | None = None,
     ) -> int:
-        """nsqlookupd ``/topic/partition/move``: move the leadership (``move_leader``) or a
-        replica's data from ``from_node`` to ``to_node``, checked like the real lookupd (its
-        error strings). Returns the destination node.
-
-        ``from_node`` defaults to the leader when moving the leadership; ``to_node`` to the
-        next live replica after the leader (else a live node not holding the partition).
-        Node numbers that are not live nodes count as unknown to the cluster."""
+        """nsqlookupd ``/topic/partition/move``, with the defaults and checks that
+        ``Cluster.move_partition_now`` documents. Returns the destination node."""
         part = self.partition(topic, partition)
         live = {n.index for n in self._nodes if n.running}
         if from_node is None and move_leader:
