@@ -217,6 +217,13 @@ class _Published:
         return self._service.container.status
 
 
+def _node_count(nodes: object) -> int:
+    """``nodes`` checked: the clusters run 1 to 16 nsqd."""
+    if type(nodes) is not int or not 1 <= nodes <= 16:
+        raise ValidationError("nodes", "must be an int 1..16")
+    return nodes
+
+
 class ContainerCluster:
     """What the dockerized clusters share; see the module's documentation."""
 
@@ -569,9 +576,7 @@ class EmbeddedContainerCluster(ContainerCluster):
         startup_timeout: float = 120.0,
     ) -> None:
         super().__init__(startup_timeout=startup_timeout)
-        if type(nodes) is not int or not 1 <= nodes <= 16:
-            raise ValidationError("nodes", "must be an int 1..16")
-        self.nodes = nodes
+        self.nodes = _node_count(nodes)
         self.classic = classic
         self.image = image or os.environ.get(ENV_EMBEDDED_IMAGE) or DEFAULT_EMBEDDED_IMAGE
         self.command = ["cluster", "--host", "0.0.0.0", "--lookupd-port", "4161"]
@@ -625,9 +630,7 @@ class YouzanContainerCluster(ContainerCluster):
         startup_timeout: float = 120.0,
     ) -> None:
         super().__init__(startup_timeout=startup_timeout)
-        if type(nodes) is not int or not 1 <= nodes <= 16:
-            raise ValidationError("nodes", "must be an int 1..16")
-        self.nodes = nodes
+        self.nodes = _node_count(nodes)
         self.image = image or os.environ.get(ENV_YOUZAN_IMAGE) or DEFAULT_YOUZAN_IMAGE
         self.etcd_image = etcd_image or os.environ.get(ENV_ETCD_IMAGE) or DEFAULT_ETCD_IMAGE
         self.allow_write_with_no_channels = allow_write_with_no_channels

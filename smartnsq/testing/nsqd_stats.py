@@ -167,6 +167,21 @@ def _in_flight_on(channel: Channel, mine: list[Subscriber]) -> int:
     return sum(1 for d in channel.in_flight.values() if d.client in mine)
 
 
+def _unmeasured_channel_fields() -> dict[str, Any]:
+    """The youzan channel fields the emulator does not model, at the values an idle real
+    channel shows (fresh containers each time: callers may change them)."""
+    return {
+        "skipped": False,
+        "zan_test_skipped": False,
+        "delayed_queue_count": 0,
+        "delayed_queue_recent": go_time(0),
+        "delayed_queue_recent_nano": 0,
+        "e2e_processing_latency": dict(_E2E),
+        "msg_consume_latency_stats": [0] * 12,
+        "msg_delivery_latency_stats": [0] * 12,
+    }
+
+
 def _youzan_channel(node: NsqdNode, channel: Channel) -> dict[str, Any]:
     # youzan counts a message in the depth until it is confirmed, so in-flight ones too
     depth = channel.depth + len(channel.in_flight)
@@ -192,14 +207,7 @@ def _youzan_channel(node: NsqdNode, channel: Channel) -> dict[str, Any]:
         "clients": clients,
         "client_num": len(clients),
         "paused": channel.paused,
-        "skipped": False,
-        "zan_test_skipped": False,
-        "delayed_queue_count": 0,
-        "delayed_queue_recent": go_time(0),
-        "delayed_queue_recent_nano": 0,
-        "e2e_processing_latency": dict(_E2E),
-        "msg_consume_latency_stats": [0] * 12,
-        "msg_delivery_latency_stats": [0] * 12,
+        **_unmeasured_channel_fields(),
     }
 
 
@@ -229,14 +237,7 @@ def _replica_channel(copy: ChannelCopy, log_: PartitionLog) -> dict[str, Any]:
         "clients": [],
         "client_num": 0,
         "paused": False,
-        "skipped": False,
-        "zan_test_skipped": False,
-        "delayed_queue_count": 0,
-        "delayed_queue_recent": go_time(0),
-        "delayed_queue_recent_nano": 0,
-        "e2e_processing_latency": dict(_E2E),
-        "msg_consume_latency_stats": [0] * 12,
-        "msg_delivery_latency_stats": [0] * 12,
+        **_unmeasured_channel_fields(),
     }
 
 
