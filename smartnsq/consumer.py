@@ -784,7 +784,7 @@ class Consumer:
             # SystemExit, KeyboardInterrupt: they go on up (run_eager, _thread_done raise
             # them); the message goes back to nsqd at once, not counted as a failure.
             if not message.responded:
-                self._answer(message, commands.req(message.id, 0), "neutral", "requeued")
+                self._hand_back(message)
         else:
             self._stats.handler_errors += 1
             self._log_failure(message, exc)
