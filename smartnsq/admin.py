@@ -48,7 +48,7 @@ from smartnsq.protocol.lookupd import (
     parse_node,
     unwrap_response,
 )
-from smartnsq.protocol.validation import check_channel, check_topic
+from smartnsq.protocol.validation import check_auto_create, check_channel, check_topic
 from smartnsq.routing.addresses import AddressMap, AddressMapping
 from smartnsq.transport.httpclient import new_http_client
 from smartnsq.transport.httplog import quiet
@@ -157,14 +157,7 @@ class Admin:
         _check_count("partitions", partitions, MAX_PARTITIONS)
         _check_count("replicas", replicas, MAX_REPLICAS)
         wait = _check_wait(wait)
-        if disable_channel_auto_create is None:
-            disable_channel_auto_create = bool(names)
-        elif names and not disable_channel_auto_create:
-            raise ValidationError(
-                "channels",
-                "registered (durable) channels need disable_channel_auto_create=True: youzan "
-                "registers channels only on topics whose channels SUB cannot create",
-            )
+        disable_channel_auto_create = check_auto_create(bool(names), disable_channel_auto_create)
         if not await self.is_youzan():
             if partitions != 1 or replicas != 1 or ordered or ext:
                 raise UnsupportedFeatureError(

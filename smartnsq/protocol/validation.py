@@ -59,6 +59,21 @@ def check_channel(channel: object) -> str:
     return _check_name("channel", channel)
 
 
+def check_auto_create(registered_channels: bool, disable_channel_auto_create: bool | None) -> bool:
+    """youzan's ``disable_channel_auto_create`` for a topic created with (or without)
+    registered channels: on by default when there are some, and required by them, since
+    youzan registers channels only on topics whose channels SUB cannot create."""
+    if disable_channel_auto_create is None:
+        return registered_channels
+    if registered_channels and not disable_channel_auto_create:
+        raise ValidationError(
+            "channels",
+            "registered (durable) channels need disable_channel_auto_create=True: youzan "
+            "registers channels only on topics whose channels SUB cannot create",
+        )
+    return bool(disable_channel_auto_create)
+
+
 def check_partition(partition: object, field: str = "partition") -> int:
     """A partition id is an int >= 0 (bool is refused).
 

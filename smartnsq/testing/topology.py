@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from smartnsq.errors import ValidationError
-from smartnsq.protocol.validation import check_channel, check_topic
+from smartnsq.protocol.validation import check_auto_create, check_channel, check_topic
 from smartnsq.testing.changes import Changes
 from smartnsq.testing.directory import Directory
 from smartnsq.testing.errors import ClusterError
@@ -199,14 +199,7 @@ class Topology:
         if not 1 <= replicas <= 5:
             raise ValidationError("replicas", "must be 1..5")
         names = [check_channel(channel) for channel in channels]
-        if disable_channel_auto_create is None:
-            disable_channel_auto_create = bool(names)
-        elif names and not disable_channel_auto_create:
-            raise ValidationError(
-                "channels",
-                "registered channels need disable_channel_auto_create=True (youzan registers "
-                "channels only on topics whose channels SUB cannot create)",
-            )
+        disable_channel_auto_create = check_auto_create(bool(names), disable_channel_auto_create)
         alive = [n.index for n in self._nodes if n.running]
         existing = self.topics.get(name)
         if existing is not None:

@@ -183,6 +183,17 @@ async def test_wait_reports_what_is_missing(cluster: Cluster) -> None:
     assert "slow" in cluster.topics
 
 
+async def test_the_cluster_api_has_the_admin_rule_for_registered_channels(
+    cluster: Cluster,
+) -> None:
+    with pytest.raises(ValidationError, match="need disable_channel_auto_create=True"):
+        await cluster.create_topic("t", 1, 1, channels=["c"], disable_channel_auto_create=False)
+    assert "t" not in cluster.topics
+    topic = await cluster.create_topic("t", 1, 1, channels=["c"])
+    assert topic.disable_channel_auto_create
+    assert topic.registered_channels == ["c"]
+
+
 async def test_arguments_are_checked_before_anything_is_sent() -> None:
     admin = Admin(["127.0.0.1:1"])  # nothing listens: a request would fail differently
     for args, kwargs in (

@@ -8,7 +8,13 @@ import pytest
 from smartnsq.errors import NSQError, ValidationError
 from smartnsq.protocol import commands as c
 from smartnsq.protocol.identify import IdentifyRequest
-from smartnsq.protocol.validation import MAX_BODY_SIZE, MAX_MSG_SIZE, check_bodies, encode_ext
+from smartnsq.protocol.validation import (
+    MAX_BODY_SIZE,
+    MAX_MSG_SIZE,
+    check_auto_create,
+    check_bodies,
+    encode_ext,
+)
 
 ID = bytes(16)
 
@@ -197,3 +203,15 @@ def test_kept_head_mpub_ext_needs_one_header_per_body() -> None:
         c.mpub_ext_with_head(c.mpub_ext_head("t"), [b"a", b"b"], [None])
     with pytest.raises(ValidationError, match="exts"):
         c.mpub_ext_with_head(c.mpub_ext_head("t"), [b"a"], [None, None])
+
+
+def test_registered_channels_turn_channel_auto_creation_off() -> None:
+    # the default follows the channels; registered ones cannot go with auto-creation
+    assert check_auto_create(True, None) is True
+    assert check_auto_create(False, None) is False
+    assert check_auto_create(False, True) is True
+    assert check_auto_create(False, False) is False
+    assert check_auto_create(True, True) is True
+    with pytest.raises(ValidationError, match="need disable_channel_auto_create=True") as info:
+        check_auto_create(True, False)
+    assert info.value.field == "channels"
