@@ -372,6 +372,8 @@ def rdy(count: int, max_rdy_count: int = MAX_RDY_COUNT) -> bytes:
 
 def fin(message_id: bytes) -> bytes:
     """``FIN <16-byte id>\\n``: exactly 21 bytes."""
+    if type(message_id) is bytes and len(message_id) == 16:  # the id of a decoded frame
+        return b"FIN " + message_id + b"\n"
     return b"FIN " + check_message_id(message_id) + b"\n"
 
 

@@ -55,8 +55,9 @@ class FrameDecoder(InputBuffer):
         super().__init__()
         self.max_frame_size = max_frame_size
 
-    def next_frame(self) -> Frame | None:
-        """The next complete frame, or None until more bytes are fed.
+    def next_frame(self) -> tuple[int, bytes] | None:
+        """The next complete frame as ``(frame type, data)``, or None until more bytes are
+        fed. (A plain tuple: a :class:`Frame` per message costs a Python call.)
 
         Raises :class:`~smartnsq.errors.ProtocolError` on a corrupt size or an unknown type;
         the stream cannot be resynchronised after that, so the connection must be dropped.
@@ -64,25 +65,30 @@ class FrameDecoder(InputBuffer):
         buf = self._buf
         pos = self._pos
         available = len(buf) - pos
-        if available < 4:
+        if available < 8:
+            if available >= 4:
+                (size,) = _unpack_size(buf, pos)
+                if size < 4 or size > self.max_frame_size:
+                    raise ProtocolError(
+                        f"corrupt frame size {size} (allowed 4..{self.max_frame_size})"
+                    )
             return None
-        (size,) = _unpack_size(buf, pos)
+        size, frame_type = _unpack_header(buf, pos)
         if size < 4 or size > self.max_frame_size:
             raise ProtocolError(f"corrupt frame size {size} (allowed 4..{self.max_frame_size})")
         if available < size + 4:
             return None
-        _, frame_type = _unpack_header(buf, pos)
         if not 0 <= frame_type <= 2:
             raise ProtocolError(f"unknown frame type {frame_type}")
         end = pos + 4 + size
         data = bytes(buf[pos + 8 : end])
         self._pos = end
-        return Frame(frame_type, data)
+        return frame_type, data
 
     def drain(self) -> list[Frame]:
         """Every complete frame buffered so far."""
         frames: list[Frame] = []
         append = frames.append
         while (frame := self.next_frame()) is not None:
-            append(frame)
+            append(Frame(*frame))
         return frames

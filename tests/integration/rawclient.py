@@ -64,8 +64,9 @@ class RawClient:
     async def frame(self, timeout: float = TIMEOUT) -> Frame:
         async def _next() -> Frame:
             while True:
-                frame = self.decoder.next_frame()
-                if frame is not None:
+                decoded = self.decoder.next_frame()
+                if decoded is not None:
+                    frame = Frame(*decoded)
                     if self.skip_heartbeats and frame == Frame(FRAME_TYPE_RESPONSE, HEARTBEAT):
                         self.send(commands.NOP)
                         continue

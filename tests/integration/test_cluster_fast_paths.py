@@ -82,7 +82,7 @@ async def _consume_all(client: RawClient, layout: MessageLayout, count: int) -> 
     while len(frames) < count:
         batch = [await client.frame()]
         while (more := client.decoder.next_frame()) is not None:
-            batch.append(more)
+            batch.append(Frame(*more))
         assert all(f.type == FRAME_TYPE_MESSAGE for f in batch), batch[-1]
         frames += batch
         client.send(b"".join(c.fin(decode_message(f.data, layout, MessageFrame).id) for f in batch))

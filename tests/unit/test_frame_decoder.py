@@ -131,7 +131,7 @@ def test_youzan_message_round_trip(
     got = decoder.next_frame()
     assert got is not None
     layout = MessageLayout.youzan(ext=ext is not None, detail=detail is not None)
-    msg = decode_message(got.data, layout, MessageFrame)
+    msg = decode_message(got[1], layout, MessageFrame)
     assert (msg.id, msg.internal_id, msg.trace_id) == (message_id, internal_id, trace_id)
     assert msg.attempts == attempts
     assert msg.body == body

@@ -27,10 +27,11 @@ def test_decode_captured_message(case: dict[str, Any]) -> None:
     decoder.feed(raw)
     frame = decoder.next_frame()
     assert frame is not None
-    assert frame.type == FRAME_TYPE_MESSAGE
+    frame_type, data = frame
+    assert frame_type == FRAME_TYPE_MESSAGE
     assert decoder.next_frame() is None
     layout = MessageLayout(**case["layout"])
-    msg = decode_message(frame.data, layout, MessageFrame)
+    msg = decode_message(data, layout, MessageFrame)
     exp = case["expect"]
     assert msg.timestamp == exp["timestamp"]
     assert msg.attempts == exp["attempts"]

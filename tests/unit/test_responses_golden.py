@@ -16,8 +16,9 @@ def _payload(raw: bytes) -> bytes:
     decoder.feed(raw)
     frame = decoder.next_frame()
     assert frame is not None
-    assert frame.type == FRAME_TYPE_RESPONSE
-    return frame.data
+    frame_type, data = frame
+    assert frame_type == FRAME_TYPE_RESPONSE
+    return data
 
 
 def test_simple_responses() -> None:
