@@ -8,7 +8,7 @@ reconnect backoff, follows leaders that move (retiring the old subscription once
 messages are answered), and while a wanted partition has no live subscription it looks up
 again every backoff step, so a partition is consumed again within about two seconds of its
 new leader taking writes. What arrives on a subscription, and the flow control, are its
-owner's (the Consumer): it tells the owner through :class:`SubscriberOwner`.
+listener's (the consumer's dispatcher): it tells it through :class:`SubscriptionListener`.
 """
 
 from __future__ import annotations
@@ -26,66 +26,73 @@ from smartnsq.errors import (
     UnsupportedFeatureError,
     ValidationError,
 )
-from smartnsq.message import Answerer, Message, Subscription
+from smartnsq.message import Message
 from smartnsq.protocol import commands
 from smartnsq.protocol.commands import StartPosition
 from smartnsq.protocol.lookupd import TopicLayout
 from smartnsq.protocol.message import MessageFrame, MessageLayout
 from smartnsq.protocol.responses import OK
 from smartnsq.retry import Backoff, is_retriable, needs_lookup_refresh
+from smartnsq.subscription import Answerer, Key, Subscription
 from smartnsq.transport.connection import Connection, ConnectionConfig
 from smartnsq.transport.lookup import LookupManager
 
-__all__ = ["MISSING_TOPIC_BACKOFF", "Key", "Subscriber", "SubscriberOwner"]
+__all__ = ["MISSING_TOPIC_BACKOFF", "Subscriber", "SubscriptionListener"]
 
 log = logging.getLogger("smartnsq.consumer")
 
-Key = tuple[str, "int | None"]  # (nsqd TCP address, partition; None on classic nsqd)
 # How often a consumer looks for a topic that does not exist yet.
 MISSING_TOPIC_BACKOFF = Backoff(initial=0.5, maximum=5.0)
 
 
-class SubscriberOwner(Answerer, Protocol):
-    """What the subscriber needs from the consumer it works for (private to the two)."""
+class SubscriptionListener(Protocol):
+    """What a :class:`Subscriber` tells (the consumer's dispatcher), and asks."""
 
     @property
-    def _running(self) -> bool:
+    def running(self) -> bool:
         """Started and not closing: lost subscriptions are replaced."""
 
     @property
-    def _stopping(self) -> bool:
+    def stopping(self) -> bool:
         """Closing or closed: nothing new is subscribed."""
 
-    def _on_message(self, sub: Subscription, conn: Connection, frame: MessageFrame) -> None:
-        """A message arrived on ``sub``."""
+    @property
+    def answerer(self) -> Answerer:
+        """What answers the messages of the subscriptions."""
 
-    def _on_server_error(self, conn: Connection, error: ServerError) -> None:
-        """A non-fatal error frame (E_FIN_FAILED...)."""
+    def on_message(self, sub: Subscription, conn: Connection, frame: MessageFrame) -> None:
+        """A message arrived on ``sub`` (decoded as a :class:`Message`)."""
 
-    def _attach(self, sub: Subscription) -> None:
+    def on_server_error(self, sub: Subscription, conn: Connection, error: ServerError) -> None:
+        """A non-fatal error frame on ``sub`` (E_FIN_FAILED...)."""
+
+    def subscribed(self, sub: Subscription) -> None:
         """``sub`` is subscribed: give it its share of the flow."""
 
-    def _detach(self, sub: Subscription, *, lost: bool) -> None:
-        """``sub`` leaves the flow: retired (``lost`` False; its in-flight messages are still
-        answered) or its connection closed (``lost`` True)."""
+    def retired(self, sub: Subscription) -> None:
+        """``sub`` leaves the flow (its leader moved): its in-flight messages are still
+        answered, then the listener closes its connection."""
 
-    def _fail(self, error: BaseException) -> None:
+    def lost(self, sub: Subscription) -> None:
+        """``sub``'s connection closed: nothing on it can be answered any more."""
+
+    def fatal(self, error: BaseException) -> None:
         """A non-recoverable error (misconfiguration): the consumer stops."""
 
-    def _warn(self, key: Hashable, text: str, *args: object) -> None:
+    def warn(self, key: Hashable, text: str, *args: object) -> None:
         """A warning that may repeat (rate-limited)."""
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` as one of the consumer's tasks."""
 
 
 class Subscriber:
-    """Subscribes ``owner`` to its topic's partitions (or classic nsqd) and keeps the
+    """Subscribes ``listener`` to its topic's partitions (or classic nsqd) and keeps the
     subscriptions alive. Give ``lookup`` or ``nsqd`` addresses, not both."""
 
     def __init__(
         self,
-        owner: SubscriberOwner,
+        listener: SubscriptionListener,
         *,
         topic: str,
         channel: str,
@@ -98,7 +105,7 @@ class Subscriber:
         lookup: LookupManager | None,
         nsqd: list[str],
     ) -> None:
-        self.owner = owner
+        self.listener = listener
         self.topic = topic
         self.channel = channel
         self.ordered = ordered
@@ -272,10 +279,10 @@ class Subscriber:
         try:
             desired = await self._desired()
         except (ValidationError, UnsupportedFeatureError) as exc:
-            self.owner._fail(exc)
+            self.listener.fatal(exc)
             return
         except NSQError as exc:
-            self.owner._warn(("lookup",), "%s: lookup failed: %s", self.topic, exc)
+            self.listener.warn(("lookup",), "%s: lookup failed: %s", self.topic, exc)
             return
         loop = self._loop
         if loop is None:
@@ -299,7 +306,7 @@ class Subscriber:
         wake = self._wake
         if wake is None:
             return
-        while self.owner._running:
+        while self.listener.running:
             wake.clear()
             await self._reconcile()
             now = loop.time()
@@ -344,7 +351,7 @@ class Subscriber:
 
     async def _subscribe(self, key: Key) -> None:
         address, partition = key
-        owner = self.owner
+        listener = self.listener
         conn = Connection(
             address,
             self.connection_config,
@@ -353,9 +360,9 @@ class Subscriber:
             message_class=Message,
             label=f"{address}/{self.topic}/{partition}",
         )
-        sub = Subscription(owner, key, conn)
-        conn.on_message = functools.partial(owner._on_message, sub)
-        conn.on_error = owner._on_server_error
+        sub = Subscription(listener.answerer, self.topic, self.channel, key, conn)
+        conn.on_message = functools.partial(listener.on_message, sub)
+        conn.on_error = functools.partial(listener.on_server_error, sub)
         conn.unsolicited_command = "FIN"
         try:
             await conn.connect()
@@ -375,7 +382,7 @@ class Subscriber:
             return
         finally:
             self.connecting.pop(key, None)
-        if owner._stopping:
+        if listener.stopping:
             await conn.close()
             return
         conn.on_close = functools.partial(self._on_close, sub)
@@ -388,17 +395,17 @@ class Subscriber:
         log.info(
             "%s/%s: subscribed to %s partition %s", self.topic, self.channel, address, partition
         )
-        owner._attach(sub)
+        listener.subscribed(sub)
 
     def _connect_failed(self, key: Key, exc: NSQError) -> None:
         self.last_connect_error = exc
         if not is_retriable(exc) and isinstance(exc, ServerError):
             # Misconfiguration (an ordered topic without ordered=True, an unregistered
             # channel, bad credentials...): retrying cannot help.
-            self.owner._fail(exc)
+            self.listener.fatal(exc)
             return
         failures = self._count_failure(key, first_at_once=False)
-        self.owner._warn(
+        self.listener.warn(
             ("subscribe", key[0]),
             "%s: subscribing to %s failed (%s); retrying",
             self.topic,
@@ -423,28 +430,21 @@ class Subscriber:
     def _on_close(self, sub: Subscription, conn: Connection, exc: BaseException | None) -> None:
         if self.subs.get(sub.key) is sub:
             del self.subs[sub.key]
-        owner = self.owner
-        owner._detach(sub, lost=True)
-        if not owner._running or sub.closing:
+        listener = self.listener
+        listener.lost(sub)
+        if not listener.running or sub.closing:
             return
-        owner._warn(
+        listener.warn(
             ("lost", sub.address), "%s: connection to %s lost: %s", self.topic, sub.address, exc
         )
         if isinstance(exc, ServerError) and not exc.retriable:
-            owner._fail(exc)
+            listener.fatal(exc)
             return
         # A connection that was working is retried at once; one that keeps dropping backs off.
         self._count_failure(sub.key, first_at_once=True)
         self.wake_up(refresh=self.lookup is not None)
 
     def _retire(self, sub: Subscription) -> None:
-        sub.closing = True
-        if sub.conn.is_open:
-            sub.conn.send(commands.rdy(0))
-        self.owner._detach(sub, lost=False)
-        self.close_if_drained(sub)
-
-    def close_if_drained(self, sub: Subscription) -> None:
-        """A retired subscription closes once its last in-flight message is answered."""
-        if sub.closing and sub.in_flight == 0:
-            self.owner._spawn(sub.conn.close())
+        """This node no longer leads ``sub``'s partition: the listener stops its flow and
+        closes it once its messages are answered."""
+        self.listener.retired(sub)

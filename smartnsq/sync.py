@@ -791,8 +791,8 @@ class Message:
         the backoff) when the block raises: the exception is logged and counted like a
         handler's, and does not propagate (see :meth:`smartnsq.Message.__aexit__`)."""
         message = self._message
-        consumer = message._sub.consumer
-        return self._runner.call(lambda: consumer._context_exit(message, exc), "__exit__()")
+        answerer = message.lane.answerer
+        return self._runner.call(lambda: answerer.exit_context(message, exc), "__exit__()")
 
     def __repr__(self) -> str:
         return f"<sync {self._message!r}>"

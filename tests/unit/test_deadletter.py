@@ -6,19 +6,18 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 
 from smartnsq.deadletter import dead_letter_record, write_dead_letter
-from smartnsq.message import Message, Subscription
+from smartnsq.message import Message
 from smartnsq.protocol.message import EXT_VERSION_JSON, EXT_VERSION_NONE
+from smartnsq.subscription import Subscription
 
 
 def _message(body: bytes, ext: bytes | None = None) -> Message:
-    consumer = cast(Any, SimpleNamespace(topic="orders", channel="audit"))
-    sub = Subscription(consumer, ("127.0.0.1:4150", 3), cast(Any, None))
+    sub = Subscription(cast(Any, None), "orders", "audit", ("127.0.0.1:4150", 3), cast(Any, None))
     message = Message(
         1_700_000_000_000_000_000,
         5,
@@ -31,7 +30,7 @@ def _message(body: bytes, ext: bytes | None = None) -> Message:
         None,
         body,
     )
-    message._sub = sub
+    message.lane = sub
     return message
 
 

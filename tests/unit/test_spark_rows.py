@@ -33,7 +33,7 @@ ARROW = to_arrow_schema(SOURCE_SCHEMA, timezone="UTC")
 
 def _message(frame: bytes, layout: MessageLayout, partition: int | None) -> Message:
     message = decode_message(frame[8:], layout, Message)  # past the size and frame type
-    message._sub = SimpleNamespace(  # type: ignore[assignment]
+    message.lane = SimpleNamespace(  # type: ignore[assignment]
         topic="orders", channel="c", partition=partition, address="127.0.0.1:4150"
     )
     return message

@@ -1,0 +1,672 @@
+"""Carries a consumer's messages from its subscriptions to the handler (or the iterator),
+and their answers back, as the delivery ledger decides.
+
+:class:`Dispatcher` is what the :class:`~smartnsq.subscriber.Subscriber` reports to (a
+:class:`~smartnsq.subscriber.SubscriptionListener`) and what a message's ``finish()``,
+``requeue()`` and ``touch()`` end in (an :class:`~smartnsq.subscription.Answerer`). For each
+event it asks the pure :class:`~smartnsq.flow.delivery.DeliveryLedger` and carries out its
+decision: answers and ``RDY`` counts written to the connections, retired connections closed,
+deliveries released to the handler (:class:`~smartnsq.handlers.HandlerRunner`) or to the
+iterator's inbox. What the ledger cannot do without a clock or a disk is done here: the
+flow's timer, the delay an ordered requeue waits out on the client, giving up on a message
+(the dead-letter file, ``on_giving_up``), telemetry and the logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine, Hashable
+from pathlib import Path
+from typing import Any, cast
+
+from smartnsq.deadletter import write_dead_letter
+from smartnsq.errors import NSQError, OrderViolationError, ServerError
+from smartnsq.flow.backoff import BackoffPolicy
+from smartnsq.flow.delivery import (
+    GIVE_UP,
+    GIVE_UP_NOW,
+    HOLD,
+    RUN,
+    RUN_NOW,
+    Answer,
+    Decision,
+    Delivery,
+    DeliveryLedger,
+)
+from smartnsq.flow.rdy import RdyController
+from smartnsq.handlers import HandlerRunner
+from smartnsq.logthrottle import LogThrottle
+from smartnsq.message import Message
+from smartnsq.payload import MARKER, decompress_payload
+from smartnsq.protocol import commands
+from smartnsq.protocol.message import MessageFrame
+from smartnsq.subscription import Answerer, Subscription
+from smartnsq.telemetry import Telemetry
+from smartnsq.tracelog import TRACE_LOGGER, log_consume
+from smartnsq.transport.connection import Connection
+
+__all__ = ["LOG_INTERVAL", "Dispatcher", "GivingUp"]
+
+log = logging.getLogger("smartnsq.consumer")
+
+# Repeated warnings (handler failures of one exception type, a node that keeps refusing)
+# are logged at most once per this many seconds, with the count of those not shown.
+LOG_INTERVAL = 10.0
+
+GivingUp = Callable[[Message], Any]
+# How often (in messages) the consumer looks whether the smartnsq.trace log is on.
+TRACE_CHECK = 256
+_ACTIVE = ("starting", "started")
+
+
+class Dispatcher:
+    """The message flow of one consumer (see the module). ``runner`` None: messages go to
+    the iterator's ``inbox``. ``fail`` stops the consumer with a non-recoverable error.
+    The consumer sets ``phase`` as it starts and closes."""
+
+    def __init__(
+        self,
+        *,
+        topic: str,
+        channel: str,
+        ordered: bool,
+        runner: HandlerRunner | None,
+        max_in_flight: int | None,
+        max_attempts: int,
+        ordered_give_up: bool,
+        skip_replays: bool,
+        halt_on_violation: bool,
+        requeue_delay: float,
+        max_requeue_delay: float,
+        backoff: BackoffPolicy | None,
+        low_rdy_idle_timeout: float,
+        low_rdy_timeout: float,
+        dead_letter_path: Path | None,
+        on_giving_up: GivingUp | None,
+        telemetry: Telemetry,
+        metric_attributes: dict[str, str],
+        fail: Callable[[BaseException], None],
+    ) -> None:
+        self.topic = topic
+        self.channel = channel
+        self.ordered = ordered
+        self.runner = runner
+        self.max_attempts = max_attempts
+        self.ordered_give_up = ordered_give_up
+        self.halt_on_violation = halt_on_violation
+        self.dead_letter_path = dead_letter_path
+        self.on_giving_up = on_giving_up
+        self.telemetry = telemetry
+        self.metric_attributes = metric_attributes
+        self.fail = fail
+        self._phase = "new"
+        self._closing = False  # phase "closing": every answer may be the last awaited
+        # None: one message in flight per subscription (each partition, or each classic
+        # nsqd, serves the handler one at a time; ordered partitions do anyway)
+        self.auto_budget = max_in_flight is None
+        self.max_in_flight = 1 if max_in_flight is None else max_in_flight
+        self._ledger_options: dict[str, Any] = {
+            "ordered": ordered,
+            "iterating": runner is None,
+            "max_attempts": max_attempts,
+            "ordered_give_up": ordered_give_up,
+            "skip_replays": skip_replays,
+            "halt_on_violation": halt_on_violation,
+            "requeue_delay": requeue_delay,
+            "max_requeue_delay": max_requeue_delay,
+        }
+        self._rdy_options = (backoff, low_rdy_idle_timeout, low_rdy_timeout)
+        self.ledger: DeliveryLedger[Subscription] | None = None
+        self.inbox: deque[Message] = deque()  # released to the iterator, not taken yet
+        self._inbox_waiter: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tick_handle: asyncio.TimerHandle | None = None
+        self._drained: asyncio.Event | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._throttle = LogThrottle(LOG_INTERVAL)
+        self._warned_low_rdy = False
+        self.wanted_subscriptions = 0  # what the subscriber wants (for the low-RDY warning)
+        # counted here (the rest is the ledger's)
+        self.connects = 0
+        self.reconnects = 0
+        self.handler_errors = 0
+        self.touched = 0
+        self.server_errors = 0
+        self._metered = (0, 0)  # the ledger's (finished, requeued) last sent to the metrics
+        self._trace_countdown = 0
+        self._tracing = False
+        self._run: Callable[[Message], None] = self._to_inbox  # the handler's, once started
+
+    @property
+    def phase(self) -> str:
+        """The consumer's: new -> starting -> started -> closing -> closed."""
+        return self._phase
+
+    @phase.setter
+    def phase(self, phase: str) -> None:
+        self._phase = phase
+        self._closing = phase == "closing"
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._drained = asyncio.Event()
+        backoff, idle, busy = self._rdy_options
+        rdy: RdyController[Subscription] = RdyController(
+            self.max_in_flight,
+            clock=loop.time,
+            backoff=backoff,
+            low_rdy_idle_timeout=idle,
+            low_rdy_timeout=busy,
+        )
+        ledger = self.ledger = DeliveryLedger(rdy, **self._ledger_options)
+        self._receive = ledger.receive  # bound once: called per message
+        if self.runner is not None:
+            self.runner.start(loop)
+            self._run = self.runner.starter(self._handled)
+
+    # ------------------------------------------------------------------ SubscriptionListener
+
+    @property
+    def running(self) -> bool:
+        return self.phase == "started"
+
+    @property
+    def stopping(self) -> bool:
+        return self.phase in ("closing", "closed")
+
+    @property
+    def answerer(self) -> Answerer:
+        return self
+
+    def fatal(self, error: BaseException) -> None:
+        self.fail(error)
+
+    def warn(self, key: Hashable, text: str, *args: object) -> None:
+        """A warning that repeats (a node refusing every reconnection): rate-limited."""
+        held = self._throttle.allow(key)
+        if held is not None:
+            log.warning(text + LogThrottle.note(held, self._throttle.interval), *args)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coro`` as one of the consumer's tasks: kept referenced until done,
+        cancelled and awaited by :meth:`shutdown`."""
+        task = asyncio.ensure_future(coro)
+        tasks = self._tasks
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    def subscribed(self, sub: Subscription) -> None:
+        """A new subscription gets its share of the flow."""
+        self.connects += 1
+        if self._loop is not None:
+            sub.subscribed_at = self._loop.time()
+        if self.ledger is None:
+            return
+        self._apply(self.ledger.add_lane(sub, sub.conn.max_rdy_count))
+        self._fit_budget()
+        self._schedule_tick()
+        subscriptions = max(self.wanted_subscriptions, len(self.ledger.lanes))
+        low = not self.auto_budget and subscriptions > self.max_in_flight > 0
+        if low and not self._warned_low_rdy:
+            self._warned_low_rdy = True
+            log.warning(
+                "%s/%s: max_in_flight=%d is below the %d partitions/nodes to consume: they "
+                "take turns (every low_rdy_idle_timeout); raise max_in_flight (or leave it "
+                "None: one per partition) to consume them all at once",
+                self.topic,
+                self.channel,
+                self.max_in_flight,
+                subscriptions,
+            )
+
+    def retired(self, sub: Subscription) -> None:
+        """``sub``'s partition moved: no more flow on it, its connection closes once what is
+        in flight on it is answered."""
+        if sub.conn.is_open:
+            sub.conn.send(commands.rdy(0))
+        if self.ledger is None:
+            return
+        self._apply(self.ledger.retire(sub))
+        self._fit_budget()
+        self._schedule_tick()
+
+    def lost(self, sub: Subscription) -> None:
+        """``sub``'s connection closed: nothing on it can be answered any more (nsqd
+        redelivers it)."""
+        ledger = self.ledger
+        if ledger is None:
+            return
+        self._apply(ledger.lose(sub))
+        if self.inbox:
+            # never handed out: nsqd redelivers them, nobody can answer them now
+            kept = deque(m for m in self.inbox if m.lane is not sub)
+            ledger.drop_unclaimed(m for m in self.inbox if m.lane is sub)
+            self.inbox = kept
+        self._fit_budget()
+        self._schedule_tick()  # the tested connection may be the one leaving
+        if self.phase != "started" or sub.closing:
+            self._check_drained()
+        else:
+            self.reconnects += 1
+
+    def on_server_error(self, sub: Subscription, conn: Connection, error: ServerError) -> None:
+        """E_FIN_FAILED & co: the message timed out or was answered already; nsqd will
+        redeliver it if need be. Never fatal."""
+        self.server_errors += 1
+        if self.ledger is not None and self.ledger.expected_refusal(sub):
+            # an answer sent again to a copy of an answered delivery: nsqd had the first
+            log.debug("%s: %s (a repeated answer)", conn.label, error)
+            return
+        self.warn(("server error", conn.address, error.code), "%s: %s", conn.label, error)
+
+    # ------------------------------------------------------------------ intake
+
+    def on_message(self, sub: Subscription, conn: Connection, frame: MessageFrame) -> None:
+        decision = self._receive(sub, frame)  # type: ignore[arg-type]  # a Message (Delivery)
+        if decision is RUN_NOW:  # the common case, with nothing else to do
+            if frame.ext_raw is not None or self._observed():
+                self._accepted(frame, conn)  # type: ignore[arg-type]
+            self._run(frame)  # type: ignore[arg-type]
+            return
+        message = cast(Message, frame)  # decoded with message_class=Message
+        if decision.send or decision.rdy or decision.violation:
+            self._apply(decision)
+            if decision.violation is not None:
+                self._order_violation(decision.violation)
+        verdict = decision.verdict
+        if verdict == RUN:
+            self._accepted(message, conn)
+            self._run(message)
+        elif verdict == HOLD:
+            self._accepted(message, conn)
+        elif verdict == GIVE_UP:
+            self._accepted(message, conn)
+            self._give_up(message)
+        # DROP, ANSWER: a copy, a replay or a hand-back, answered (or not) by the ledger
+
+    def _observed(self) -> bool:
+        """Whether accepted messages are logged or metered. The trace log's level is read
+        again every TRACE_CHECK messages, not for each (a logger lookup per message)."""
+        self._trace_countdown -= 1
+        if self._trace_countdown <= 0:
+            self._trace_countdown = TRACE_CHECK
+            self._tracing = TRACE_LOGGER.isEnabledFor(logging.INFO)
+        return self._tracing or self.telemetry.metering
+
+    def _accepted(self, message: Message, conn: Connection) -> None:
+        """A delivery taken for the handler (now or in its turn)."""
+        if message.ext_raw is not None and MARKER in message.ext_raw:
+            self._decompress(message)
+        if TRACE_LOGGER.isEnabledFor(logging.INFO):  # log_consume picks INFO or DEBUG
+            log_consume(message, conn.local_address)
+        if self.telemetry.metering:
+            self.telemetry.count("consumed", 1, self.metric_attributes)
+
+    def _decompress(self, message: Message) -> None:
+        ext = message.ext
+        if ext is None:
+            return
+        try:
+            message.body = decompress_payload(message.body, ext)
+        except NSQError as exc:
+            log.error("%s: cannot decompress message %s: %s", self.topic, message.id.hex(), exc)
+
+    def _order_violation(self, violation: str) -> None:
+        """An ordered partition went backwards: logged and, with ``halt_on_violation``, the
+        consumer stops (the ledger handed the message back)."""
+        error = OrderViolationError(violation)
+        log.error("%s: %s", self.topic, error)
+        if self.halt_on_violation:
+            self.fail(error)
+
+    def _release(self, message: Message) -> None:
+        """Hand ``message`` to the handler, or to the iterator."""
+        self._run(message)
+
+    def _to_inbox(self, message: Message) -> None:
+        self.inbox.append(message)
+        waiter = self._inbox_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def arrival(self) -> asyncio.Future[None]:
+        """A future done when a message reaches the inbox (or the consumer closes)."""
+        waiter = self._inbox_waiter
+        if waiter is None or waiter.done():
+            waiter = self._inbox_waiter = asyncio.get_running_loop().create_future()
+        return waiter
+
+    # ------------------------------------------------------------------ handler results
+
+    def _handled(self, message: Message, exc: BaseException | None) -> None:
+        """The handler returned (``exc`` None) or raised."""
+        ledger: DeliveryLedger[Subscription] = self.ledger  # type: ignore[assignment]  # started
+        if exc is None:
+            if not message.responded:
+                answer = ledger.finish(message)
+                if type(answer) is bytes:  # _carry_out's common case, inline (per message)
+                    message.lane.conn.send(answer)
+                    if self._closing or self.telemetry.metering:
+                        self._answers_sent()
+                elif answer is not None:
+                    self._apply(answer)  # type: ignore[arg-type]  # not bytes: a Decision
+        elif isinstance(exc, asyncio.CancelledError):
+            pass  # the consumer is closing: unanswered, nsqd redelivers it
+        elif not isinstance(exc, Exception):
+            # SystemExit, KeyboardInterrupt: they go on up; the message goes back to nsqd at
+            # once, not counted as a failure.
+            self.hand_back(message)
+        else:
+            self.handler_errors += 1
+            self.log_failure(message, exc)
+            self.failed(message)
+        if self.ordered:
+            self._apply(ledger.handler_done(message))
+
+    def failed(self, message: Message) -> None:
+        """``message``'s handler (or ``async with`` block) raised: requeue it with the
+        backoff, or give up on it (the ledger's policy)."""
+        decision = self._ledger().failed(message)
+        if decision is None:
+            return
+        if decision is GIVE_UP_NOW:
+            self._give_up(message)
+            return
+        if self.ordered and message.attempts >= self.max_attempts:
+            log.error(
+                "%s: ordered partition %s is blocked: message %s failed %d times "
+                "(policy: keep retrying; set ordered_give_up=True to dead-letter it)",
+                self.topic,
+                message.partition,
+                message.id.hex(),
+                message.attempts,
+            )
+        self._requeued(message, decision)
+
+    def log_failure(self, message: Message, exc: BaseException) -> None:
+        """A handler failure, with its traceback; at most one per exception type every
+        LOG_INTERVAL seconds (a handler failing on every message would flood the log)."""
+        held = self._throttle.allow(("handler", type(exc)))
+        if held is None:
+            return
+        log.warning(
+            "%s: handler failed for message %s (attempt %d): %r%s",
+            self.topic,
+            message.id.hex(),
+            message.attempts,
+            exc,
+            LogThrottle.note(held, self._throttle.interval),
+            exc_info=exc,
+        )
+
+    def _give_up(self, message: Message) -> None:
+        self.telemetry.count("given_up", 1, self.metric_attributes)
+        log.warning(
+            "%s: giving up on message %s after %d attempts",
+            self.topic,
+            message.id.hex(),
+            message.attempts,
+        )
+        if self.dead_letter_path is not None:
+            write_dead_letter(message, self.dead_letter_path)
+        callback = self.on_giving_up
+        if callback is not None:
+            try:
+                result = callback(message)
+                if inspect.isawaitable(result):
+                    self.spawn(self._given_up_after(message, result))
+                    return
+            except Exception:
+                log.exception("%s: on_giving_up failed", self.topic)
+        self._carry_out(message, self._ledger().given_up(message))
+
+    async def _given_up_after(self, message: Message, result: Awaitable[Any]) -> None:
+        """``on_giving_up`` returned an awaitable: FIN once it is over."""
+        try:
+            await result
+        except Exception:
+            log.exception("%s: on_giving_up failed", self.topic)
+        self._carry_out(message, self._ledger().given_up(message))
+
+    # ------------------------------------------------------------------ Answerer
+
+    def finish(self, message: Delivery) -> None:
+        """FIN ``message`` (what ``await message.finish()`` does)."""
+        answer = self._ledger().finish(message)
+        if answer is None:
+            raise NSQError(f"message {message.id.hex()} was already answered")
+        self._carry_out(message, answer)
+
+    def requeue(
+        self, message: Delivery, delay: float | None = None, *, backoff: bool = True
+    ) -> None:
+        """REQ ``message`` (see :meth:`smartnsq.consumer.Consumer.requeue`)."""
+        if message.responded:
+            raise NSQError(f"message {message.id.hex()} was already answered")
+        answer = self._ledger().requeue(message, delay, backoff=backoff)
+        if answer is not None:
+            self._requeued(message, answer)
+
+    def touch(self, message: Delivery) -> None:
+        """TOUCH ``message``: nsqd resets its timeout."""
+        if message.responded:
+            raise NSQError(f"message {message.id.hex()} was already answered")
+        data = self._ledger().touch(message)
+        sub: Subscription = message.lane  # type: ignore[assignment]  # a consumer's lane
+        conn = sub.conn
+        if data is not None and conn.is_open:
+            conn.send(data)
+            self.touched += 1
+
+    def exit_context(self, message: Delivery, exc: BaseException | None) -> bool:
+        """``async with message:`` is over: finish it, or, after an exception, requeue it
+        like a failed handler (the exception is logged and swallowed). Cancellation,
+        SystemExit and KeyboardInterrupt hand the message back and go on up."""
+        if message.responded:
+            return False
+        if exc is None:
+            self.finish(message)
+            return False
+        if not isinstance(exc, Exception):
+            self.hand_back(message)
+            return False
+        self.handler_errors += 1
+        self.log_failure(cast(Message, message), exc)
+        self.failed(cast(Message, message))
+        return True
+
+    def hand_back(self, message: Delivery) -> None:
+        """REQ 0, not a failure: another consumer (or this one later) gets it at once."""
+        answer = self._ledger().hand_back(message)
+        if answer is not None:
+            self._carry_out(message, answer)
+
+    def _requeued(self, message: Delivery, answer: Answer[Subscription]) -> None:
+        if isinstance(answer, Decision) and answer.wait:
+            self.spawn(self._requeue_ordered(cast(Message, message), answer.wait))
+        else:
+            self._carry_out(message, answer)
+
+    async def _requeue_ordered(self, message: Message, delay: float) -> None:
+        """nsqd ignores REQ delays on ordered channels: wait here, touching the message so
+        it stays ours, then ``REQ 0``; the partition moves on after that."""
+        conn = message.lane.conn
+        identify = conn.identify
+        msg_timeout = identify.msg_timeout / 1000 if identify is not None else 60.0
+        loop = asyncio.get_running_loop()
+        until = loop.time() + delay
+        ledger = self._ledger()
+        try:
+            while (remaining := until - loop.time()) > 0:
+                await asyncio.sleep(min(remaining, msg_timeout / 2))
+                data = ledger.touch(message)
+                if loop.time() < until and data is not None and conn.is_open:
+                    conn.send(data)
+        finally:
+            if self.phase in ("started", "closing"):
+                self._carry_out(message, ledger.requeue_now(message))
+            else:
+                message.waiting = False
+
+    def _ledger(self) -> DeliveryLedger[Subscription]:
+        ledger = self.ledger
+        if ledger is None:
+            raise NSQError("the consumer was not started")
+        return ledger
+
+    # ------------------------------------------------------------------ decisions
+
+    def _carry_out(self, message: Delivery, answer: Answer[Subscription]) -> None:
+        """Send an answer: the bytes alone go on the message's own subscription (whose
+        connection is open: the ledger decides otherwise for a lost one)."""
+        if type(answer) is bytes:
+            sub: Subscription = message.lane  # type: ignore[assignment]  # a consumer's lane
+            sub.conn.send(answer)
+            if self._closing or self.telemetry.metering:
+                self._answers_sent()
+        else:
+            self._apply(answer)  # type: ignore[arg-type]  # not bytes: a Decision
+
+    def _apply(self, decision: Decision[Subscription]) -> None:
+        """Carry out ``decision``, in the ledger's order."""
+        for sub, data in decision.send:
+            conn = sub.conn
+            # A connection closes (and its lane is lost, answers counted as lost) in one
+            # step: an open lane's connection is open.
+            if conn.is_open:
+                conn.send(data)
+        rdy = decision.rdy
+        if rdy:
+            for sub, count in rdy:
+                conn = sub.conn
+                if conn.is_open and not sub.closing:
+                    conn.send(commands.rdy(min(count, conn.max_rdy_count)))
+            self._schedule_tick()
+        for sub in decision.closed:
+            self.spawn(sub.conn.close())
+        for message in decision.run:
+            self._release(cast(Message, message))
+        if self._closing or self.telemetry.metering:
+            self._answers_sent()
+
+    def _answers_sent(self) -> None:
+        """While closing, the last answer awaited ends the drain; the metrics count them."""
+        if self._closing:
+            self._check_drained()
+        if self.telemetry.metering:
+            self._meter_answers()
+
+    def _meter_answers(self) -> None:
+        """The ledger's FIN and REQ counts since the last call, to the metrics."""
+        counts = self._ledger().counts
+        finished = counts.finished - self._metered[0]
+        requeued = counts.requeued - self._metered[1]
+        self._metered = (counts.finished, counts.requeued)
+        if finished:
+            self.telemetry.count("finished", finished, self.metric_attributes)
+        if requeued:
+            self.telemetry.count("requeued", requeued, self.metric_attributes)
+
+    # ------------------------------------------------------------------ flow
+
+    def set_max_in_flight(self, max_in_flight: int) -> None:
+        """A fixed budget from now on (also when subscriptions come and go)."""
+        self.max_in_flight = max_in_flight
+        self.auto_budget = False
+        if self.ledger is not None and self.phase in _ACTIVE:
+            self._apply(self.ledger.set_max_in_flight(max_in_flight))
+            self._schedule_tick()
+
+    def is_starved(self) -> bool:
+        return self.ledger.rdy.is_starved() if self.ledger is not None else False
+
+    def _fit_budget(self) -> None:
+        """``max_in_flight=None``: the budget follows the number of live subscriptions."""
+        ledger = self.ledger
+        if not self.auto_budget or ledger is None or self.phase not in _ACTIVE:
+            return
+        budget = max(1, sum(1 for sub in ledger.lanes if not sub.closing))
+        if budget != self.max_in_flight:
+            self.max_in_flight = budget
+            self._apply(ledger.set_max_in_flight(budget))
+
+    def _schedule_tick(self) -> None:
+        ledger, loop = self.ledger, self._loop
+        if ledger is None or loop is None:
+            return
+        deadline = ledger.rdy.next_deadline()
+        handle = self._tick_handle
+        if handle is not None:
+            if deadline is not None and handle.when() <= deadline:
+                return
+            handle.cancel()
+            self._tick_handle = None
+        if deadline is not None:
+            self._tick_handle = loop.call_at(max(deadline, loop.time()), self._tick)
+
+    def _tick(self) -> None:
+        self._tick_handle = None
+        if self.ledger is None or self.phase == "closed":
+            return
+        self._apply(self.ledger.tick())
+        self._schedule_tick()
+
+    # ------------------------------------------------------------------ closing
+
+    def close(self) -> None:
+        """The consumer closes: no more flow (RDY 0), and what was never handed out (behind
+        an ordered partition's running handler, or not taken from the iterator) goes back
+        to nsqd now."""
+        ledger = self.ledger
+        if ledger is None:
+            return
+        self._apply(ledger.close())
+        unclaimed, self.inbox = list(self.inbox), deque()
+        for message in unclaimed:
+            self.hand_back(message)
+
+    def outstanding(self) -> int:
+        """Messages handed out (to handlers, or taken from the iterator) and not answered."""
+        return (self.ledger.in_flight if self.ledger is not None else 0) - len(self.inbox)
+
+    async def wait_drained(self, timeout: float) -> None:
+        """Wait (up to ``timeout``) until every message handed out is answered."""
+        if self._drained is None or self.outstanding() <= 0:
+            return
+        self._drained.clear()
+        try:
+            await asyncio.wait_for(self._drained.wait(), timeout)
+        except asyncio.TimeoutError:
+            log.warning(
+                "%s: %d messages still unanswered after %.1f s; nsqd will redeliver them",
+                self.topic,
+                self.outstanding(),
+                timeout,
+            )
+
+    def _check_drained(self) -> None:
+        if self._drained is not None and self.outstanding() <= 0:
+            self._drained.set()
+
+    async def shutdown(self) -> None:
+        """Cancel and await the dispatcher's tasks (never the one running this), stop the
+        timer, wake the iterator, and let handler threads finish."""
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+            self._tick_handle = None
+        if self.ledger is not None:
+            self.ledger.accepting = False  # what still arrives goes back to nsqd
+        current = asyncio.current_task()
+        tasks = [t for t in self._tasks if not t.done() and t is not current]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self.runner is not None and not await self.runner.close():
+            log.warning("%s: handler threads still running after close", self.topic)
+        waiter = self._inbox_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
