@@ -57,7 +57,7 @@ from smartnsq.publishing.wire import PublishCodec
 from smartnsq.retry import Backoff, is_retriable, needs_lookup_refresh
 from smartnsq.routing.addresses import AddressMapping
 from smartnsq.routing.sharding import Sharder, ShardingStrategy
-from smartnsq.telemetry import Telemetry, error_type, server_attributes
+from smartnsq.telemetry import Telemetry, end_send_span, error_type
 from smartnsq.tracelog import log_publish
 from smartnsq.transport.connection import (
     Compression,
@@ -656,15 +656,7 @@ class Producer:
         telemetry.count("published", len(results), attributes)
         span = request.span
         if span is not None:
-            first = results[0]
-            if first.partition is not None:
-                span.set_attribute("messaging.destination.partition.id", str(first.partition))
-            if first.internal_id is not None:
-                span.set_attribute("messaging.message.id", str(first.internal_id))
-            for key, value in server_attributes(first.address).items():
-                span.set_attribute(key, value)
-            span.set_attribute("messaging.nsq.tries", first.tries)
-            span.end()
+            end_send_span(span, results)
         return results
 
     async def _run_retrying(
