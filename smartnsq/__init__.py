@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from smartnsq.retry import Backoff as Backoff
     from smartnsq.routing.addresses import AddressMap as AddressMap
     from smartnsq.routing.sharding import Sharder as Sharder
+    from smartnsq.service import serve as serve
 
 _LAZY = {
     "AddressMap": "smartnsq.routing.addresses",
@@ -37,6 +38,7 @@ _LAZY = {
     "Producer": "smartnsq.producer",
     "PublishResult": "smartnsq.publish_result",
     "Sharder": "smartnsq.routing.sharding",
+    "serve": "smartnsq.service",
     "StartPosition": "smartnsq.protocol.commands",
 }
 

@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
 import logging
 import os
+import signal
 import threading
 import time
 import warnings
@@ -494,7 +496,12 @@ class Consumer(_Client):
     def run(self) -> None:
         """Consume until :meth:`close` is called; raise the error that stopped the consumer,
         if it stopped by itself. Starts the consumer if needed; returns at once if close()
-        came first."""
+        came first.
+
+        In the main thread, while it runs, SIGTERM (what Docker, Kubernetes and systemd stop
+        a program with) closes the consumer: it drains (the handlers finish their messages)
+        and run() returns, as it does after close(). A SIGTERM handler the program installed
+        itself is left alone, and the previous handler is put back when run() returns."""
         if self._was_started and self._reported is None and self._state in ("closing", "closed"):
             # close() won the race with run(): the consuming run() would wait for is over.
             # A consumer that stopped by an error is not "over" quietly: that is raised below.
@@ -502,10 +509,11 @@ class Consumer(_Client):
             if self._close_error is None:
                 return
         self._check("run")
-        if self._state == "new":
-            self.start()
         try:
-            self._runner.run(self._consumer.join(), None, "run()")
+            with _close_on_sigterm(self.close):
+                if self._state == "new":
+                    self.start()
+                self._runner.run(self._consumer.join(), None, "run()")
         except ClientClosedError:
             if self._state not in ("closing", "closed"):
                 raise
@@ -641,6 +649,29 @@ class Consumer(_Client):
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def _close_on_sigterm(close: Callable[[], None]) -> Iterator[None]:
+    """SIGTERM calls ``close()`` while the block runs: only from the main thread (the only
+    one that may install a handler) and only over the default handler (the program's own
+    stays); the previous handler is put back."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        log.info("SIGTERM received: closing the consumer (draining)")
+        close()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 async def _next_message(consumer: AsyncConsumer, lock: asyncio.Lock) -> AsyncMessage | None:
