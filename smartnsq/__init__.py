@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from smartnsq.flow.backoff import BackoffPolicy as BackoffPolicy
     from smartnsq.message import Message as Message
     from smartnsq.producer import Producer as Producer
+    from smartnsq.producer import ProducerStats as ProducerStats
     from smartnsq.protocol.commands import StartPosition as StartPosition
     from smartnsq.publish_result import PublishResult as PublishResult
     from smartnsq.retry import Backoff as Backoff
@@ -36,6 +37,7 @@ _LAZY = {
     "ConsumerStats": "smartnsq.consumer",
     "Message": "smartnsq.message",
     "Producer": "smartnsq.producer",
+    "ProducerStats": "smartnsq.producer",
     "PublishResult": "smartnsq.publish_result",
     "Sharder": "smartnsq.routing.sharding",
     "serve": "smartnsq.service",

@@ -43,9 +43,10 @@ from smartnsq.consumer import ConsumerStats, is_coroutine_function
 from smartnsq.errors import ClientClosedError, ForkedClientError, NSQTimeoutError
 from smartnsq.message import Message as AsyncMessage
 from smartnsq.producer import Producer as AsyncProducer
+from smartnsq.producer import ProducerStats
 from smartnsq.publish_result import PublishResult
 
-__all__ = ["Consumer", "ConsumerStats", "Message", "Producer", "PublishResult"]
+__all__ = ["Consumer", "ConsumerStats", "Message", "Producer", "ProducerStats", "PublishResult"]
 
 log = logging.getLogger("smartnsq.sync")
 
@@ -280,6 +281,20 @@ class _Client:
         if self._state in ("closing", "closed"):
             raise ClientClosedError(f"this {self._kind} is closed; create a new one")
 
+    def _read(self, fn: Callable[[], T], what: str) -> T:
+        """Reads run on the loop, or directly once its thread is over (nothing races then).
+        They never wait for the loop's work, so the loop thread itself may call them."""
+        runner = self._runner
+        if os.getpid() != runner.pid:
+            runner.check(what)
+        if runner.in_loop_thread():
+            return fn()
+        if runner.stopping:
+            runner.join(_JOIN_TIMEOUT)
+            if not runner.alive:
+                return fn()
+        return runner.call(fn, what)
+
     def _mark_started(self) -> None:
         with self._lifecycle:
             if self._state == "new":
@@ -394,6 +409,20 @@ class Producer(_Client):
         bound = self._bound(kwargs.get("timeout"))
         coro = self._producer.publish_many(*args, **kwargs)
         return self._runner.run(coro, bound, "publish_many()")
+
+    def stats(self) -> ProducerStats:
+        """A snapshot of the counters (see :meth:`smartnsq.Producer.stats`; also after close)."""
+        return self._read(self._producer.stats, "stats()")
+
+    def set_trace(self, enabled: bool, topic: str | None = None) -> None:
+        """Turn message tracing on or off (see :meth:`smartnsq.Producer.set_trace`)."""
+        producer = self._producer
+        self._read(lambda: producer.set_trace(enabled, topic), "set_trace()")
+
+    def tracing(self, topic: str) -> bool:
+        """Whether publishes to ``topic`` are traced by default."""
+        producer = self._producer
+        return self._read(lambda: producer.tracing(topic), "tracing()")
 
     def _bound(self, timeout: object) -> float:
         limit = self._producer.publish_timeout
@@ -569,20 +598,6 @@ class Consumer(_Client):
         consumer = self._consumer
         # Like the reads, it never waits for the loop's work: allowed on the loop thread.
         runner.call(lambda: consumer.set_max_in_flight(max_in_flight), "set_max_in_flight()")
-
-    def _read(self, fn: Callable[[], T], what: str) -> T:
-        """Reads run on the loop, or directly once its thread is over (nothing races then).
-        They never wait for the loop's work, so the loop thread itself may call them."""
-        runner = self._runner
-        if os.getpid() != runner.pid:
-            runner.check(what)
-        if runner.in_loop_thread():
-            return fn()
-        if runner.stopping:
-            runner.join(_JOIN_TIMEOUT)
-            if not runner.alive:
-                return fn()
-        return runner.call(fn, what)
 
     # ------------------------------------------------------------------ iteration
 
