@@ -28,6 +28,7 @@ class ProducerStats:
     per_partition: dict[int | None, int] = field(default_factory=dict)  # messages; None: classic
 
     def acknowledged(self, bodies: list[bytes], results: list[PublishResult]) -> None:
+        """Count one publish nsqd acknowledged (its bodies, their results)."""
         self.published += len(results)
         self.publishes += 1
         self.published_bytes += sum(map(len, bodies)) if len(bodies) > 1 else len(bodies[0])
@@ -36,10 +37,12 @@ class ProducerStats:
         per_partition[partition] = per_partition.get(partition, 0) + len(results)
 
     def failed(self, messages: int) -> None:
+        """Count one publish of ``messages`` messages that raised."""
         self.failures += 1
         self.failed_messages += messages
 
     def snapshot(self, connections: int) -> ProducerStats:
+        """A copy for the caller, with the open connections counted now."""
         copy = dataclasses.replace(self, connections=connections)
         copy.per_partition = dict(self.per_partition)
         return copy
