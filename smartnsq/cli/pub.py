@@ -28,7 +28,7 @@ from smartnsq.cli._common import (
     topic_arg,
 )
 from smartnsq.errors import NSQError, UnsupportedFeatureError, ValidationError
-from smartnsq.producer import Producer
+from smartnsq.producer import DEFAULT_PUBLISH_TIMEOUT, Producer
 from smartnsq.publish_result import PublishResult
 from smartnsq.routing.sharding import INT64_MAX, INT64_MIN, Sharder
 
@@ -134,9 +134,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--timeout",
         type=float,
-        default=40.0,
+        default=DEFAULT_PUBLISH_TIMEOUT,
         metavar="SECONDS",
-        help="give up on a message after this long, retries included (default 40)",
+        help=(
+            "give up on a message after this long, retries included (default "
+            f"{DEFAULT_PUBLISH_TIMEOUT:g}, the API's: it outlasts a real failover)"
+        ),
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no summary line")
     add_verbosity(parser)

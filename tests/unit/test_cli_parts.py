@@ -249,3 +249,11 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--version"])
     assert exited.value.code == 0
     assert capsys.readouterr().out == f"smartnsq {smartnsq.__version__}\n"
+
+
+def test_pub_waits_as_long_as_the_api_by_default() -> None:
+    from smartnsq.cli import build_parser
+    from smartnsq.producer import DEFAULT_PUBLISH_TIMEOUT
+
+    args = build_parser().parse_args(["pub", "orders", "x"])
+    assert args.timeout == DEFAULT_PUBLISH_TIMEOUT
