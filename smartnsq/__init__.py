@@ -20,11 +20,13 @@ if TYPE_CHECKING:
     from smartnsq.flow.backoff import BackoffPolicy as BackoffPolicy
     from smartnsq.message import Message as Message
     from smartnsq.producer import Producer as Producer
+    from smartnsq.producer import ProducerStats as ProducerStats
     from smartnsq.protocol.commands import StartPosition as StartPosition
     from smartnsq.publish_result import PublishResult as PublishResult
     from smartnsq.retry import Backoff as Backoff
     from smartnsq.routing.addresses import AddressMap as AddressMap
     from smartnsq.routing.sharding import Sharder as Sharder
+    from smartnsq.service import serve as serve
 
 _LAZY = {
     "AddressMap": "smartnsq.routing.addresses",
@@ -35,8 +37,10 @@ _LAZY = {
     "ConsumerStats": "smartnsq.consumer",
     "Message": "smartnsq.message",
     "Producer": "smartnsq.producer",
+    "ProducerStats": "smartnsq.producer",
     "PublishResult": "smartnsq.publish_result",
     "Sharder": "smartnsq.routing.sharding",
+    "serve": "smartnsq.service",
     "StartPosition": "smartnsq.protocol.commands",
 }
 

@@ -1,10 +1,15 @@
 """The smartnsq exception tree.
 
-Every error raised by the library derives from :class:`NSQError`. Server error frames map to
-:class:`ServerError` subclasses (one per NSQ error code, see ``smartnsq.protocol.errors`` for the
-registry) that carry ``code``, ``fatal``, ``retriable`` and ``refresh_lookup``. Argument errors
-derive from :class:`ValueError` or :class:`TypeError` as well, so callers that validate input
-the usual Python way keep working.
+Every error raised by the library derives from :class:`NSQError`, and every one says how a
+client treats it (as aiokafka's errors do): ``retriable``, the same request can succeed if tried
+again later (possibly elsewhere); ``refresh_lookup``, the cluster layout the client used is
+probably stale, so it asks nsqlookupd again before the next try. The Producer's retries and the
+Consumer's reconnections read these two flags and nothing else.
+
+Server error frames map to :class:`ServerError` subclasses (one per NSQ error code, see
+``smartnsq.protocol.errors`` for the registry) that also carry ``code`` and ``fatal``. Argument
+errors derive from :class:`ValueError` or :class:`TypeError` as well, so callers that validate
+input the usual Python way keep working.
 """
 
 from __future__ import annotations
@@ -68,7 +73,15 @@ __all__ = [
 
 
 class NSQError(Exception):
-    """Base class of every error raised by smartnsq."""
+    """Base class of every error raised by smartnsq.
+
+    ``retriable``: trying the same request again later can succeed. ``refresh_lookup``: the
+    cluster layout behind the request is probably stale (ask nsqlookupd again first). Both are
+    class attributes; a :class:`ServerError` may set them per instance.
+    """
+
+    retriable: bool = False
+    refresh_lookup: bool = False
 
 
 # --------------------------------------------------------------------------- arguments
@@ -91,7 +104,11 @@ class ProtocolError(NSQError):
 
 
 class ConnectionClosedError(NSQError, ConnectionError):
-    """The connection closed (or could not be opened) before the operation completed."""
+    """The connection closed (or could not be opened) before the operation completed.
+    Retriable; the node may have crashed or lost its leadership, so the layout is refreshed."""
+
+    retriable = True
+    refresh_lookup = True
 
     def __init__(self, message: str, address: str | None = None) -> None:
         super().__init__(f"{message} ({address})" if address else message)
@@ -99,7 +116,11 @@ class ConnectionClosedError(NSQError, ConnectionError):
 
 
 class NSQTimeoutError(NSQError, TimeoutError):
-    """An operation did not complete within its timeout. Also a builtin ``TimeoutError``."""
+    """An operation did not complete within its timeout. Also a builtin ``TimeoutError``.
+    Retriable, with a layout refresh (the node may be gone)."""
+
+    retriable = True
+    refresh_lookup = True
 
 
 class ClientClosedError(NSQError, RuntimeError):
@@ -118,14 +139,11 @@ class ServerError(NSQError):
 
     ``code`` is the NSQ error code (``E_BAD_TOPIC``...), ``message`` the full frame text.
     ``fatal``: nsqd closes the connection after sending it (depends on the command for some
-    codes). ``retriable``: the same request can succeed later, possibly elsewhere.
-    ``refresh_lookup``: the cluster layout the client used is probably stale.
+    codes). ``retriable`` and ``refresh_lookup`` as on :class:`NSQError`, per code.
     """
 
     code: str = ""
     fatal: bool = True
-    retriable: bool = False
-    refresh_lookup: bool = False
 
     def __init__(
         self,
@@ -399,16 +417,24 @@ class TopicHasNoChannelError(NSQError):
 
 
 class LookupFailedError(NSQError):
-    """No nsqlookupd answered a lookup."""
+    """No nsqlookupd answered a lookup. Retriable (a lookupd may answer again)."""
+
+    retriable = True
 
 
 class NotLookupdError(LookupFailedError):
     """An address given as an nsqlookupd answers HTTP, but not as one (an nsqd's HTTP port,
     another web service): a configuration mistake that retrying cannot fix."""
 
+    retriable = False
+
 
 class NoWritablePartitionError(NSQError):
-    """The lookup shows no writable partition (or not the one a key needs)."""
+    """The lookup shows no writable partition (or not the one a key needs): during a
+    failover, until a new leader is elected and in sync. Retriable, with a layout refresh."""
+
+    retriable = True
+    refresh_lookup = True
 
 
 class OrderViolationError(NSQError):

@@ -13,24 +13,26 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import random
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, cast
-
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
+from typing import Any, TypeVar, cast
 
 from smartnsq.batching import Batcher
 from smartnsq.errors import (
     ClientClosedError,
+    NoWritablePartitionError,
     NSQError,
     NSQTimeoutError,
     PublishError,
     UnsupportedFeatureError,
     ValidationError,
 )
+from smartnsq.logthrottle import LogThrottle
+from smartnsq.protocol.lookupd import TopicLayout
 from smartnsq.protocol.validation import (
     MAX_BODY_SIZE,
     MAX_MSG_SIZE,
@@ -50,11 +52,12 @@ from smartnsq.publishing.request import (
     new_trace_ids,
 )
 from smartnsq.publishing.routes import ANY_TOPIC, Route, Router
+from smartnsq.publishing.stats import ProducerStats
 from smartnsq.publishing.wire import PublishCodec
 from smartnsq.retry import Backoff, is_retriable, needs_lookup_refresh
 from smartnsq.routing.addresses import AddressMapping
 from smartnsq.routing.sharding import Sharder, ShardingStrategy
-from smartnsq.telemetry import Telemetry, error_type, server_attributes
+from smartnsq.telemetry import Telemetry, end_send_span, error_type
 from smartnsq.tracelog import log_publish
 from smartnsq.transport.connection import (
     Compression,
@@ -65,9 +68,18 @@ from smartnsq.transport.lookup import LookupManager
 from smartnsq.transport.pool import ConnectionPool
 from smartnsq.transport.targets import resolve_targets
 
-__all__ = ["Producer", "PublishResult"]
+__all__ = ["DEFAULT_PUBLISH_TIMEOUT", "Producer", "ProducerStats", "PublishResult"]
 
 log = logging.getLogger("smartnsq.producer")
+
+T = TypeVar("T")
+
+#: The default ``publish_timeout``: longer than every failover measured on real youzan nsq
+#: (docs/guides/durable-channels.md), the slowest being about 112 s, as Kafka's producer
+#: waits up to 120 s (delivery.timeout.ms) by default.
+DEFAULT_PUBLISH_TIMEOUT = 120.0
+# A publish still failing after this long is worth a warning (a leader move takes less).
+_WARN_AFTER = 5.0
 
 # publish_many(sharding_keys=...) checks each body first and each partition's batch later.
 _UNBOUNDED = 1 << 62
@@ -75,10 +87,14 @@ _UNBOUNDED = 1 << 62
 
 class Producer:
     """Publishes to NSQ. Give exactly one of ``lookupd`` (nsqlookupd HTTP addresses; youzan
-    or classic) or ``nsqd`` (classic nsqd TCP addresses).
+    or classic) or ``nsqd`` (classic nsqd TCP addresses). Durations are in seconds.
 
-    ``publish_timeout`` bounds a publish including its retries; the default rides out a real
-    youzan leader failover (20-30 s after a crash). Durations are in seconds.
+    ``publish_timeout`` is the one bound of a publish, retries included: a publish returns or
+    raises :class:`PublishError` within it. A failover on real youzan keeps a partition from
+    taking writes for 21-29 s with 3 replicas, and for 95-112 s with 2 (nsqlookupd offers a
+    partition for writes again only once a majority of its replicas are in sync); the default
+    (120 s) rides out both. ``max_retries`` (None: no count, only the time bound) stops
+    earlier after that many retries.
     """
 
     def __init__(
@@ -87,8 +103,8 @@ class Producer:
         lookupd: Sequence[str] | None = None,
         nsqd: Sequence[str] | None = None,
         sharding: ShardingStrategy = "java",
-        publish_timeout: float = 40.0,
-        max_retries: int = 60,
+        publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+        max_retries: int | None = None,
         retry_backoff: Backoff | None = None,
         connections_per_partition: int = 1,
         connect_timeout: float = 5.0,
@@ -112,10 +128,16 @@ class Producer:
         lookup_manager: LookupManager | None = None,
         address_map: AddressMapping | None = None,
     ) -> None:
-        if not publish_timeout > 0:
+        if (
+            isinstance(publish_timeout, bool)
+            or not isinstance(publish_timeout, (int, float))
+            or not publish_timeout > 0
+        ):
             raise ValidationError("publish_timeout", "must be > 0 seconds")
-        if type(max_retries) is not int or max_retries < 0:
-            raise ValidationError("max_retries", "must be an int >= 0")
+        if max_retries is not None and (type(max_retries) is not int or max_retries < 0):
+            raise ValidationError(
+                "max_retries", "must be an int >= 0, or None (bounded by publish_timeout only)"
+            )
         self.publish_timeout = float(publish_timeout)
         self.max_retries = max_retries
         self.retry_backoff = retry_backoff or Backoff()
@@ -169,6 +191,8 @@ class Producer:
             if linger is not None
             else None
         )
+        self._stats = ProducerStats()
+        self._log_throttle = LogThrottle()
         self._state = "new"  # new -> starting -> started -> closed
         # Set when close() begins: new publishes are refused while the batches already
         # accepted are flushed (the state stays "started" so that their retries still run).
@@ -265,8 +289,15 @@ class Producer:
             warnings.warn(f"unclosed {self!r}", ResourceWarning, source=self, stacklevel=2)
 
     def __repr__(self) -> str:
-        target = f"nsqd={self._nsqd}" if self._nsqd else "lookupd"
+        if self._lookup is not None:
+            target = "lookupd=" + ",".join(self._lookup.lookupd_addresses)
+        else:
+            target = "nsqd=" + ",".join(self._nsqd)
         return f"<Producer {target} {self._state}>"
+
+    def stats(self) -> ProducerStats:
+        """A snapshot of the counters (see :class:`ProducerStats`); also after close."""
+        return self._stats.snapshot(self._pool.open_connections())
 
     # ------------------------------------------------------------------ tracing switch
 
@@ -359,10 +390,12 @@ class Producer:
             return await self._batched(request)
         if self._state == "started" and not self._telemetry.enabled:
             # Fast path: layout cached and connection open -> one await, no coroutine chain.
-            route = self._route_now(request)
-            if route is not None:
-                limit = self.publish_timeout if timeout is None else float(timeout)
-                try:
+            # Whatever fails here (routing included) goes to the retry loop, as in _run.
+            route: Route | None = None
+            try:
+                route = self._route_now(request)
+                if route is not None:
+                    limit = self.publish_timeout if timeout is None else float(timeout)
                     request.last_partition = route.partition
                     # Connect on the route chosen here: routing again would skip partitions.
                     conn = self._pool.get_nowait(route.address, route.pool_topic, route.partition)
@@ -371,14 +404,17 @@ class Producer:
                             route.address, route.pool_topic, route.partition
                         )
                     frame = await self._send(request, route, conn, limit)
-                except Exception as exc:
-                    if not is_retriable(exc) or self.max_retries == 0:
-                        raise
-                    results = await self._run(request, timeout, first_failure=exc)
-                else:
-                    results = self._results(request, route, frame, 1)
-                    if results[0].internal_id is not None:
-                        log_publish(results[0])
+            except Exception as exc:
+                if not is_retriable(exc):
+                    self._stats.failed(1)
+                    raise
+                results = await self._run(request, timeout, first_failure=exc)
+                return results[0]
+            if route is not None:
+                results = self._results(request, route, frame, 1)
+                self._stats.acknowledged(request.bodies, results)
+                if results[0].internal_id is not None:
+                    log_publish(results[0])
                 return results[0]
         results = await self._run(request, timeout)
         return results[0]
@@ -545,9 +581,12 @@ class Producer:
         if not ordered:
             lane = (request.topic, "any")
         else:
-            route = self._route_now(request) or await self._route(request)
-            target = route.partition if route.youzan else route.address
-            lane = (request.topic, "pinned", route.youzan, target)
+            # The lane is the partition (or classic nsqd), known without a writable leader:
+            # a publish waiting for a failover waits in the lane, within the retry loop.
+            target = self._target_now(request)
+            if target is None:
+                target = await self._target_retrying(request)
+            lane = (request.topic, "pinned", isinstance(target, int), target)
         trace_id = request.trace_ids[0] if request.trace_ids else None
         result: PublishResult = await self._batcher.add(
             lane, request.bodies[0], trace_id, ordered=ordered
@@ -585,10 +624,15 @@ class Producer:
     ) -> list[PublishResult]:
         if self._state != "started":
             await self.start()
-        if self._telemetry.enabled:
-            results = await self._run_in_span(request, timeout, first_failure)
-        else:
-            results = await self._run_retrying(request, timeout, first_failure)
+        try:
+            if self._telemetry.enabled:
+                results = await self._run_in_span(request, timeout, first_failure)
+            else:
+                results = await self._run_retrying(request, timeout, first_failure)
+        except Exception:
+            self._stats.failed(len(request.bodies))
+            raise
+        self._stats.acknowledged(request.bodies, results)
         if results[0].internal_id is not None:
             for result in results:
                 log_publish(result)
@@ -612,15 +656,7 @@ class Producer:
         telemetry.count("published", len(results), attributes)
         span = request.span
         if span is not None:
-            first = results[0]
-            if first.partition is not None:
-                span.set_attribute("messaging.destination.partition.id", str(first.partition))
-            if first.internal_id is not None:
-                span.set_attribute("messaging.message.id", str(first.internal_id))
-            for key, value in server_attributes(first.address).items():
-                span.set_attribute(key, value)
-            span.set_attribute("messaging.nsq.tries", first.tries)
-            span.end()
+            end_send_span(span, results)
         return results
 
     async def _run_retrying(
@@ -630,67 +666,70 @@ class Producer:
         first_failure: BaseException | None = None,
     ) -> list[PublishResult]:
         limit = self.publish_timeout if timeout is None else float(timeout)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + limit
-        if first_failure is not None:
-            first = first_failure
-        else:
+        deadline = asyncio.get_running_loop().time() + limit
+        if first_failure is None:
             try:
                 return await self._attempt(request, 1, limit)
-            except Exception as exc:
-                if not is_retriable(exc) or self.max_retries == 0:
-                    raise
-                first = exc
-        await self._after_failure(request, first)
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.max_retries),
-            wait=self._wait_for(request),
-            retry=retry_if_exception(is_retriable),
-            reraise=True,
+            except NSQError as exc:
+                first_failure = exc
+        return await self._retry(
+            request, deadline, first_failure, functools.partial(self._attempt, request)
         )
+
+    async def _retry(
+        self,
+        request: PublishRequest,
+        deadline: float,
+        failure: BaseException,
+        attempt: Callable[[int, float], Awaitable[T]],
+    ) -> T:
+        """Try ``attempt(tries, remaining)`` again after ``failure`` until it succeeds, a
+        failure is not retriable (raised as it is), or ``deadline`` (``publish_timeout``) or
+        ``max_retries`` ends it: then :class:`PublishError`, caused by the last failure."""
+        loop = asyncio.get_running_loop()
+        failing_since = loop.time()
+        warned = False
         tries = 1
-        last: BaseException = first
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    tries += 1
-                    remaining = deadline - loop.time()
-                    if remaining <= 0:
-                        break
-                    try:
-                        return await asyncio.wait_for(
-                            self._attempt(request, tries, remaining), remaining
-                        )
-                    except asyncio.TimeoutError:
-                        break
-                    except Exception as exc:
-                        last = exc
-                        if is_retriable(exc):
-                            await self._after_failure(request, exc)
-                        raise
-        except Exception as exc:
-            if not is_retriable(exc):
-                raise
-            last = exc
-        raise PublishError(
-            f"publish to {request.topic!r} failed after {tries} tries: {last}",
+        while True:
+            if not is_retriable(failure):
+                raise failure
+            if self.max_retries is not None and tries > self.max_retries:
+                raise self._given_up(
+                    request, tries, f"max_retries={self.max_retries}", failure
+                ) from failure
+            self._note_failure(request, failure, tries)
+            failing_for = loop.time() - failing_since
+            if not warned and failing_for >= _WARN_AFTER:
+                warned = True
+                self._warn_failing(request, failure, tries, failing_for)
+            await self._pause(request, failure, tries, deadline - loop.time())
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise self._given_up(request, tries, "publish_timeout", failure) from failure
+            tries += 1
+            self._stats.retries += 1
+            try:
+                return await asyncio.wait_for(attempt(tries, remaining), remaining)
+            except NSQError as exc:
+                failure = exc
+            except TimeoutError:  # the deadline passed during the try (wait_for's own)
+                raise self._given_up(request, tries, "publish_timeout", failure) from failure
+
+    def _given_up(
+        self, request: PublishRequest, tries: int, bound: str, last: BaseException
+    ) -> PublishError:
+        cause = "timed out" if bound == "publish_timeout" else f"reached {bound}"
+        partition = request.partition if request.partition is not None else request.pinned
+        where = "" if partition is None else f" partition {partition}"
+        return PublishError(
+            f"publish to {request.topic!r}{where} failed after {tries} tries ({cause}): {last}",
             topic=request.topic,
-            partition=request.partition if request.partition is not None else request.pinned,
+            partition=partition,
             tries=tries,
-        ) from last
+        )
 
-    def _wait_for(self, request: PublishRequest) -> Any:
-        backoff = self.retry_backoff
-
-        def wait(retry_state: Any) -> float:
-            # An unkeyed publish moves to another writable partition at once.
-            if request.movable and request.avoid and retry_state.attempt_number <= 1:
-                return 0.0
-            return backoff.delay(retry_state.attempt_number)
-
-        return wait
-
-    async def _after_failure(self, request: PublishRequest, exc: BaseException) -> None:
+    def _note_failure(self, request: PublishRequest, exc: BaseException, tries: int) -> None:
+        """A retriable failure of try number ``tries``, to be retried."""
         if request.movable and request.last_partition is not None:
             request.avoid.add(request.last_partition)
         self._telemetry.count("retries", 1, {"messaging.destination.name": request.topic})
@@ -702,12 +741,82 @@ class Producer:
                     "messaging.destination.partition.id": str(request.last_partition),
                 },
             )
-        if self._lookup is not None and needs_lookup_refresh(exc):
-            try:
-                await self._lookup.refresh(request.topic, "w")
-            except NSQError as refresh_error:
-                log.debug("lookup refresh for %s failed: %s", request.topic, refresh_error)
-        log.info("publish to %s failed (%s); retrying", request.topic, exc)
+        # Expected in a failover or a leader move: a debug record per try. What a user needs
+        # to see is logged when a leader moves (_pause) or when it lasts (_warn_failing).
+        log.debug(
+            "publish to %s (partition %s) failed on try %d (%s); retrying",
+            request.topic,
+            request.last_partition,
+            tries,
+            exc,
+        )
+
+    def _warn_failing(
+        self, request: PublishRequest, exc: BaseException, tries: int, seconds: float
+    ) -> None:
+        held = self._log_throttle.allow(("failing", request.topic))
+        if held is None:
+            return
+        log.warning(
+            "publishes to %s have been failing for %.1f s (%d tries; last: %s); still "
+            "retrying, within publish_timeout%s",
+            request.topic,
+            seconds,
+            tries,
+            exc,
+            LogThrottle.note(held, self._log_throttle.interval),
+        )
+
+    async def _pause(
+        self, request: PublishRequest, failure: BaseException, tries: int, remaining: float
+    ) -> None:
+        """Wait before try ``tries + 1``. A failure that says the layout is stale waits for
+        nsqlookupd to name somewhere else to go (woken as soon as a lookup does), at most the
+        backoff; a publish that had nowhere to go at all waits for that alone (in rounds of
+        ``_WARN_AFTER``)."""
+        if remaining <= 0:
+            return
+        if request.movable and request.avoid and tries <= 1:
+            delay = 0.0  # an unkeyed publish moves to another writable partition at once
+        else:
+            delay = self.retry_backoff.delay(tries)
+        lookup = self._lookup
+        if lookup is None or not needs_lookup_refresh(failure):
+            await asyncio.sleep(min(delay, remaining))
+            return
+        if isinstance(failure, NoWritablePartitionError):
+            # Only a new layout can help: no try before it comes, but a look every
+            # _WARN_AFTER seconds at how long this lasts (a try that routes nowhere is free).
+            delay = max(delay, _WARN_AFTER)
+        stale = request.layout
+        routable = self._router.routable
+
+        def recovered(layout: TopicLayout) -> bool:
+            return layout != stale and routable(request, layout)
+
+        layout = await lookup.wait_until(request.topic, "w", recovered, min(delay, remaining))
+        if layout is not None and stale is not None:
+            self._log_leader_move(request, stale, layout)
+
+    def _log_leader_move(
+        self, request: PublishRequest, stale: TopicLayout, layout: TopicLayout
+    ) -> None:
+        partition = request.last_partition
+        if partition is None:
+            return
+        before, after = stale.partitions.get(partition), layout.partitions.get(partition)
+        if before is None or after is None or before.tcp_address == after.tcp_address:
+            return
+        held = self._log_throttle.allow(("moved", request.topic, partition))
+        if held is not None:
+            log.info(
+                "%s partition %d: the leader moved from %s to %s; publishing there%s",
+                request.topic,
+                partition,
+                before.tcp_address,
+                after.tcp_address,
+                LogThrottle.note(held, self._log_throttle.interval),
+            )
 
     async def _attempt(
         self, request: PublishRequest, tries: int, timeout: float
@@ -739,13 +848,47 @@ class Producer:
         layout = self._lookup.cached(request.topic, "w")
         if layout is None:
             return None
+        request.layout = layout
         return self._route_layout(request, layout)
 
     async def _route(self, request: PublishRequest) -> Route:
         if self._lookup is None:
             return self._route_classic(request, self._direct_routes)
-        layout = await self._lookup.lookup(request.topic, "w")
+        layout = request.layout = await self._lookup.lookup(request.topic, "w")
         return self._route_layout(request, layout)
+
+    def _target_now(self, request: PublishRequest) -> int | str | None:
+        """The batch lane's target from what is cached (None: it must be looked up)."""
+        if self._lookup is None:
+            return self._router.target(request, None)
+        layout = self._lookup.cached(request.topic, "w")
+        if layout is None:
+            return None
+        request.layout = layout
+        try:
+            return self._router.target(request, layout)
+        except NoWritablePartitionError:
+            return None
+
+    async def _target_retrying(self, request: PublishRequest) -> int | str:
+        """The batch lane's target, looked up within the retry loop (``publish_timeout``)."""
+
+        async def target(tries: int, remaining: float) -> int | str:
+            layout = None
+            if self._lookup is not None:
+                layout = request.layout = await self._lookup.lookup(request.topic, "w")
+            return self._router.target(request, layout)
+
+        deadline = asyncio.get_running_loop().time() + self.publish_timeout
+        try:
+            return await target(1, self.publish_timeout)
+        except NSQError as exc:
+            failure: NSQError = exc
+        try:
+            return await self._retry(request, deadline, failure, target)
+        except Exception:
+            self._stats.failed(1)
+            raise
 
 
 def _describe_target(target: int | str) -> str:

@@ -1,5 +1,6 @@
-"""Retry decisions shared by the clients: which failures are worth another try, which mean
-the cluster layout is stale, and the backoff between tries (built on tenacity)."""
+"""Retry decisions shared by the clients: which failures are worth another try and which mean
+the cluster layout is stale (each error says so itself, see :mod:`smartnsq.errors`), and the
+backoff between tries (a tenacity ``wait``)."""
 
 from __future__ import annotations
 
@@ -8,35 +9,22 @@ from dataclasses import dataclass
 
 from tenacity import RetryCallState
 
-from smartnsq.errors import (
-    ConnectionClosedError,
-    LookupFailedError,
-    NotLookupdError,
-    NoWritablePartitionError,
-    NSQTimeoutError,
-    ServerError,
-    ValidationError,
-)
+from smartnsq.errors import NSQError, ValidationError
 
 __all__ = ["Backoff", "is_retriable", "needs_lookup_refresh"]
 
-_TRANSIENT = (ConnectionClosedError, NSQTimeoutError, NoWritablePartitionError, LookupFailedError)
-_STALE_LAYOUT = (ConnectionClosedError, NSQTimeoutError, NoWritablePartitionError)
-
 
 def is_retriable(exc: BaseException) -> bool:
-    """Leader changes, unwritable partitions, lost connections and timeouts pass; bad
-    input and misconfiguration do not."""
-    if isinstance(exc, ServerError):
-        return exc.retriable
-    return isinstance(exc, _TRANSIENT) and not isinstance(exc, NotLookupdError)
+    """Whether trying again can succeed: the error's own ``retriable`` flag (leader changes,
+    unwritable partitions, lost connections and timeouts pass; bad input and misconfiguration
+    do not). Anything that is not an :class:`NSQError` is a bug, never retried."""
+    return isinstance(exc, NSQError) and exc.retriable
 
 
 def needs_lookup_refresh(exc: BaseException) -> bool:
-    """The failure suggests the client's view of the cluster is out of date."""
-    if isinstance(exc, ServerError):
-        return exc.refresh_lookup
-    return isinstance(exc, _STALE_LAYOUT)
+    """Whether the failure says the client's view of the cluster is out of date (the error's
+    ``refresh_lookup`` flag)."""
+    return isinstance(exc, NSQError) and exc.refresh_lookup
 
 
 @dataclass(frozen=True)

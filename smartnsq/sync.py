@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
 import logging
 import os
+import signal
 import threading
 import time
 import warnings
@@ -41,9 +43,10 @@ from smartnsq.consumer import ConsumerStats, is_coroutine_function
 from smartnsq.errors import ClientClosedError, ForkedClientError, NSQTimeoutError
 from smartnsq.message import Message as AsyncMessage
 from smartnsq.producer import Producer as AsyncProducer
+from smartnsq.producer import ProducerStats
 from smartnsq.publish_result import PublishResult
 
-__all__ = ["Consumer", "ConsumerStats", "Message", "Producer", "PublishResult"]
+__all__ = ["Consumer", "ConsumerStats", "Message", "Producer", "ProducerStats", "PublishResult"]
 
 log = logging.getLogger("smartnsq.sync")
 
@@ -278,6 +281,20 @@ class _Client:
         if self._state in ("closing", "closed"):
             raise ClientClosedError(f"this {self._kind} is closed; create a new one")
 
+    def _read(self, fn: Callable[[], T], what: str) -> T:
+        """Reads run on the loop, or directly once its thread is over (nothing races then).
+        They never wait for the loop's work, so the loop thread itself may call them."""
+        runner = self._runner
+        if os.getpid() != runner.pid:
+            runner.check(what)
+        if runner.in_loop_thread():
+            return fn()
+        if runner.stopping:
+            runner.join(_JOIN_TIMEOUT)
+            if not runner.alive:
+                return fn()
+        return runner.call(fn, what)
+
     def _mark_started(self) -> None:
         with self._lifecycle:
             if self._state == "new":
@@ -393,6 +410,20 @@ class Producer(_Client):
         coro = self._producer.publish_many(*args, **kwargs)
         return self._runner.run(coro, bound, "publish_many()")
 
+    def stats(self) -> ProducerStats:
+        """A snapshot of the counters (see :meth:`smartnsq.Producer.stats`; also after close)."""
+        return self._read(self._producer.stats, "stats()")
+
+    def set_trace(self, enabled: bool, topic: str | None = None) -> None:
+        """Turn message tracing on or off (see :meth:`smartnsq.Producer.set_trace`)."""
+        producer = self._producer
+        self._read(lambda: producer.set_trace(enabled, topic), "set_trace()")
+
+    def tracing(self, topic: str) -> bool:
+        """Whether publishes to ``topic`` are traced by default."""
+        producer = self._producer
+        return self._read(lambda: producer.tracing(topic), "tracing()")
+
     def _bound(self, timeout: object) -> float:
         limit = self._producer.publish_timeout
         if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
@@ -494,7 +525,12 @@ class Consumer(_Client):
     def run(self) -> None:
         """Consume until :meth:`close` is called; raise the error that stopped the consumer,
         if it stopped by itself. Starts the consumer if needed; returns at once if close()
-        came first."""
+        came first.
+
+        In the main thread, while it runs, SIGTERM (what Docker, Kubernetes and systemd stop
+        a program with) closes the consumer: it drains (the handlers finish their messages)
+        and run() returns, as it does after close(). A SIGTERM handler the program installed
+        itself is left alone, and the previous handler is put back when run() returns."""
         if self._was_started and self._reported is None and self._state in ("closing", "closed"):
             # close() won the race with run(): the consuming run() would wait for is over.
             # A consumer that stopped by an error is not "over" quietly: that is raised below.
@@ -502,10 +538,11 @@ class Consumer(_Client):
             if self._close_error is None:
                 return
         self._check("run")
-        if self._state == "new":
-            self.start()
         try:
-            self._runner.run(self._consumer.join(), None, "run()")
+            with _close_on_sigterm(self.close):
+                if self._state == "new":
+                    self.start()
+                self._runner.run(self._consumer.join(), None, "run()")
         except ClientClosedError:
             if self._state not in ("closing", "closed"):
                 raise
@@ -561,20 +598,6 @@ class Consumer(_Client):
         consumer = self._consumer
         # Like the reads, it never waits for the loop's work: allowed on the loop thread.
         runner.call(lambda: consumer.set_max_in_flight(max_in_flight), "set_max_in_flight()")
-
-    def _read(self, fn: Callable[[], T], what: str) -> T:
-        """Reads run on the loop, or directly once its thread is over (nothing races then).
-        They never wait for the loop's work, so the loop thread itself may call them."""
-        runner = self._runner
-        if os.getpid() != runner.pid:
-            runner.check(what)
-        if runner.in_loop_thread():
-            return fn()
-        if runner.stopping:
-            runner.join(_JOIN_TIMEOUT)
-            if not runner.alive:
-                return fn()
-        return runner.call(fn, what)
 
     # ------------------------------------------------------------------ iteration
 
@@ -641,6 +664,29 @@ class Consumer(_Client):
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def _close_on_sigterm(close: Callable[[], None]) -> Iterator[None]:
+    """SIGTERM calls ``close()`` while the block runs: only from the main thread (the only
+    one that may install a handler) and only over the default handler (the program's own
+    stays); the previous handler is put back."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        log.info("SIGTERM received: closing the consumer (draining)")
+        close()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 async def _next_message(consumer: AsyncConsumer, lock: asyncio.Lock) -> AsyncMessage | None:

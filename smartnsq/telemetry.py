@@ -5,6 +5,12 @@ with retries as events, and ``process {topic}`` (CONSUMER) per handled message. 
 the producer carries the W3C ``traceparent`` in the ext header and the consumer continues
 that trace.
 
+Both spans name a message the same way, so a trace backend can join them:
+``messaging.message.id`` is youzan's internal id in decimal (as the ``smartnsq.trace`` log
+writes it; on classic nsqd the consumer's 16-character id, which a classic publish never
+learns), and a traced message's NSQ trace id (PUB_TRACE: it travels on every topic, where the
+W3C context travels only on ext topics) is ``messaging.message.conversation_id`` on both.
+
 Whether anything is recorded is decided once, when a client is built: with no provider given
 and no SDK installed (the API's proxy providers), every hook is skipped, so uninstrumented
 applications pay nothing on the hot path.
@@ -12,8 +18,8 @@ applications pay nothing on the hot path.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, MutableMapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
@@ -21,7 +27,11 @@ from opentelemetry.trace import ProxyTracerProvider, Span, SpanKind, Status, Sta
 
 from smartnsq._version import __version__
 
-__all__ = ["Telemetry"]
+if TYPE_CHECKING:
+    from smartnsq.message import Message
+    from smartnsq.publish_result import PublishResult
+
+__all__ = ["Telemetry", "describe_process", "end_send_span", "message_id"]
 
 SYSTEM = "nsq"
 
@@ -173,6 +183,43 @@ class Telemetry:
         span.set_attribute("error.type", error_type(error))
         span.record_exception(error)
         span.set_status(Status(StatusCode.ERROR, str(error)))
+
+
+def message_id(raw_id: bytes, internal_id: int | None) -> str:
+    """``messaging.message.id``: youzan's internal id in decimal, what a traced publish learns
+    from its receipt too; on classic nsqd the message id's 16 characters."""
+    if internal_id is not None:
+        return str(internal_id)
+    return raw_id.decode("ascii", "replace")
+
+
+def end_send_span(span: Span, results: Sequence[PublishResult]) -> None:
+    """Describe the accepted publish on its ``send`` span (partition, message id, NSQ trace
+    id, nsqd, tries) and end it."""
+    first = results[0]
+    if first.partition is not None:
+        span.set_attribute("messaging.destination.partition.id", str(first.partition))
+    if first.internal_id is not None and len(results) == 1:
+        span.set_attribute("messaging.message.id", str(first.internal_id))
+    if first.trace_id and len(results) == 1:
+        span.set_attribute("messaging.message.conversation_id", str(first.trace_id))
+    for key, value in server_attributes(first.address).items():
+        span.set_attribute(key, value)
+    span.set_attribute("messaging.nsq.tries", first.tries)
+    span.end()
+
+
+def describe_process(span: Span, message: Message) -> None:
+    """Describe a delivered message on its ``process`` span, in the form the ``send`` span
+    uses: partition, message id, NSQ trace id (when traced), attempts, nsqd."""
+    if message.partition is not None:
+        span.set_attribute("messaging.destination.partition.id", str(message.partition))
+    span.set_attribute("messaging.message.id", message_id(message.id, message.internal_id))
+    if message.trace_id:
+        span.set_attribute("messaging.message.conversation_id", str(message.trace_id))
+    span.set_attribute("messaging.nsq.attempts", message.attempts)
+    for key, value in server_attributes(message.address).items():
+        span.set_attribute(key, value)
 
 
 def error_type(error: BaseException) -> str:

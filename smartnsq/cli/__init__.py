@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from smartnsq._version import __version__
 from smartnsq.errors import NSQError, UnsupportedFeatureError, ValidationError
 
 __all__ = ["UsageError", "main"]
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="smartnsq", description="Smart NSQ client tools (youzan HA and classic nsqd)."
     )
+    parser.add_argument("--version", action="version", version=f"smartnsq {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in SUBCOMMANDS:
         module = importlib.import_module(f"smartnsq.cli.{name}")

@@ -17,8 +17,8 @@ from smartnsq.cli import UsageError
 from smartnsq.errors import ValidationError
 from smartnsq.protocol.validation import check_channel, check_topic
 from smartnsq.routing.addresses import AddressMap
-from smartnsq.transport.connection import parse_address
 from smartnsq.transport.lookup import LookupManager
+from smartnsq.transport.targets import check_nsqd_address
 
 __all__ = [
     "ENV_ADDRESS_MAP",
@@ -168,7 +168,7 @@ def resolve_target(args: argparse.Namespace) -> Target:
     addresses = list(nsqd or ())
     for address in addresses:
         try:
-            parse_address(address)
+            check_nsqd_address(address)
         except ValidationError as exc:
             raise UsageError(f"invalid nsqd address: {exc.reason}") from None
     return Target(nsqd=addresses)

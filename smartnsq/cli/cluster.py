@@ -12,10 +12,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import gc
 import json
 import os
+import re
 import signal
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +31,9 @@ from smartnsq.protocol.validation import check_channel, check_topic
 
 if TYPE_CHECKING:
     from smartnsq.testing.cluster import Cluster
+
+# asyncio's bind error: "error while attempting to bind on address ('127.0.0.1', 4161): ..."
+_BOUND_ADDRESS = re.compile(r"address \('(?P<host>[^']*)', (?P<port>\d+)")
 
 __all__ = ["ChannelSpec", "TopicSpec", "parse_channel", "parse_topic", "register", "tune_gc"]
 
@@ -280,8 +286,10 @@ async def _serve(
         try:
             await cluster.start()
         except OSError as exc:
-            # A fixed port in use, an address this machine does not have...
-            raise UsageError(f"cannot listen on {args.host}: {exc.strerror or exc}") from None
+            # A fixed port in use, an address this machine does not have: a failure (exit
+            # 1), not a usage mistake; the arguments were fine.
+            print(f"smartnsq cluster: error: {_listen_failure(args, exc)}", file=sys.stderr)
+            return 1
         _create(cluster, topics, channels)
         info = describe(cluster, os.getpid())
         if port_file is not None:
@@ -296,6 +304,23 @@ async def _serve(
             _remove(port_file)
     print("smartnsq cluster: stopped", flush=True)
     return 0
+
+
+def _listen_failure(args: argparse.Namespace, exc: OSError) -> str:
+    """Why the cluster could not listen, naming the address (asyncio's bind error carries
+    it) and, for a busy port, what to do."""
+    found = _BOUND_ADDRESS.search(exc.strerror or str(exc))
+    where = f"{found['host']}:{found['port']}" if found else args.host
+    reason = os.strerror(exc.errno) if exc.errno else (exc.strerror or str(exc))
+    text = f"cannot listen on {where}: {reason}"
+    if exc.errno == errno.EADDRINUSE:
+        port = f"port {found['port']}" if found else "a port"
+        text += (
+            f"; another program (another smartnsq cluster, an nsqlookupd?) holds {port}: stop "
+            "it, or choose other ports with --lookupd-port/--nsqd-port (without them the OS "
+            "picks free ones)"
+        )
+    return text
 
 
 def _cluster(args: argparse.Namespace) -> Cluster:

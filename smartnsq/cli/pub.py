@@ -28,7 +28,7 @@ from smartnsq.cli._common import (
     topic_arg,
 )
 from smartnsq.errors import NSQError, UnsupportedFeatureError, ValidationError
-from smartnsq.producer import Producer
+from smartnsq.producer import DEFAULT_PUBLISH_TIMEOUT, Producer
 from smartnsq.publish_result import PublishResult
 from smartnsq.routing.sharding import INT64_MAX, INT64_MIN, Sharder
 
@@ -134,9 +134,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--timeout",
         type=float,
-        default=40.0,
+        default=DEFAULT_PUBLISH_TIMEOUT,
         metavar="SECONDS",
-        help="give up on a message after this long, retries included (default 40)",
+        help=(
+            "give up on a message after this long, retries included (default "
+            f"{DEFAULT_PUBLISH_TIMEOUT:g}, the API's: it outlasts a real failover)"
+        ),
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="no summary line")
     add_verbosity(parser)
@@ -396,6 +399,8 @@ class _Publisher:
         self.interrupted = False  # a signal stopped the reading of stdin
         self.cut_short = False  # a signal stopped the command at once
         self.no_receipt = False
+        # classic nsqd has no partitions: the sharding key picked this nsqd (told at the end)
+        self.key_nsqd: set[str] = set()
         self.progress = Progress()
         self.started = 0.0
 
@@ -473,6 +478,13 @@ class _Publisher:
         if self.no_receipt:
             print(
                 "smartnsq pub: note: nsqd sent no trace receipts (classic nsqd cannot trace)",
+                file=sys.stderr,
+            )
+        if self.key_nsqd:
+            print(
+                "smartnsq pub: note: classic nsqd has no partitions: --sharding-key chose the "
+                f"nsqd ({', '.join(sorted(self.key_nsqd))}), the same one for the same key, as "
+                "the Python API does; it orders nothing by itself",
                 file=sys.stderr,
             )
         if not args.quiet:
@@ -592,6 +604,8 @@ class _Publisher:
                 exts=[self.ext] * len(batch) if self.ext is not None else None,
             )
         self.sending = 0
+        if self.key is not None and results[0].partition is None:
+            self.key_nsqd.add(results[0].address)
         self.published += len(results)
         self.lines_done += len(results)
         if args.trace:

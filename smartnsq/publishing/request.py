@@ -8,6 +8,7 @@ import random
 from typing import Any
 
 from smartnsq.errors import ValidationError
+from smartnsq.protocol.lookupd import TopicLayout
 from smartnsq.protocol.validation import MAX_DPUB_DELAY_MS
 
 __all__ = ["NO_KEY", "PublishRequest", "delay_to_ms", "ext_with_trace_id", "new_trace_ids"]
@@ -30,6 +31,7 @@ class PublishRequest:
         "exts",
         "key",
         "last_partition",
+        "layout",
         "partition",
         "pinned",
         "span",
@@ -51,6 +53,8 @@ class PublishRequest:
         # A keyed publish keeps the partition of its first routing, whatever happens.
         self.pinned: int | None = None
         self.last_partition: int | None = None
+        # The layout the last try was routed in: a retry waits for a different one.
+        self.layout: TopicLayout | None = None
         # Traced because of the producer's trace switch (not an explicit trace_id): classic
         # nsqd has no PUB_TRACE, so such publishes fall back to plain PUB there.
         self.auto_trace = False

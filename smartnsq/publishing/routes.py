@@ -14,7 +14,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from smartnsq.errors import NoWritablePartitionError, UnsupportedFeatureError, ValidationError
+from smartnsq.errors import (
+    NoWritablePartitionError,
+    NSQError,
+    UnsupportedFeatureError,
+    ValidationError,
+)
 from smartnsq.protocol.lookupd import TopicLayout
 from smartnsq.publishing.request import NO_KEY, PublishRequest
 from smartnsq.routing.sharding import Sharder
@@ -146,24 +151,8 @@ class Router:
                 f"topic {request.topic!r} is not an ext topic (created without extend=true); "
                 "it cannot carry ext headers"
             )
-        partition_num = table.partition_num
         if request.partition is not None or request.key is not NO_KEY:
-            if request.pinned is None:
-                if request.partition is not None:
-                    if partition_num and request.partition >= partition_num:
-                        raise ValidationError(
-                            "partition",
-                            f"topic {request.topic!r} has {partition_num} partitions, "
-                            f"got {request.partition}",
-                        )
-                    request.pinned = request.partition
-                else:
-                    if partition_num <= 0:
-                        raise NoWritablePartitionError(
-                            f"topic {request.topic!r}: partition count unknown"
-                        )
-                    request.pinned = self.sharder.partition_for(request.key, partition_num)
-            route = table.by_partition.get(request.pinned)
+            route = table.by_partition.get(self._pin(request, table))
             if route is None:
                 raise NoWritablePartitionError(
                     f"partition {request.pinned} of {request.topic!r} has no writable leader now"
@@ -174,6 +163,57 @@ class Router:
         if not candidates:
             raise NoWritablePartitionError(f"topic {request.topic!r} has no writable partition")
         return candidates[next(self._counter(request.topic)) % len(candidates)]
+
+    def _pin(self, request: PublishRequest, table: RouteTable) -> int:
+        """The partition a keyed or explicit-partition publish is bound to, fixed at its first
+        routing: it needs the partition count only, not a writable leader."""
+        if request.pinned is None:
+            partition_num = table.partition_num
+            if request.partition is not None:
+                if partition_num and request.partition >= partition_num:
+                    raise ValidationError(
+                        "partition",
+                        f"topic {request.topic!r} has {partition_num} partitions, "
+                        f"got {request.partition}",
+                    )
+                request.pinned = request.partition
+            else:
+                if partition_num <= 0:
+                    raise NoWritablePartitionError(
+                        f"topic {request.topic!r}: partition count unknown"
+                    )
+                request.pinned = self.sharder.partition_for(request.key, partition_num)
+        return request.pinned
+
+    def target(self, request: PublishRequest, layout: TopicLayout | None) -> int | str:
+        """Where a keyed or explicit-partition publish goes, known without a writable leader:
+        its partition (youzan) or its nsqd (classic; ``layout`` None in direct mode). The
+        producer's batches are grouped by it."""
+        if layout is None:
+            return self.route_classic(request, self.direct_routes).address
+        table = self.table(request.topic, layout)
+        if table.classic:
+            return self.route_classic(request, table.classic_routes).address
+        return self._pin(request, table)
+
+    def routable(self, request: PublishRequest, layout: TopicLayout | None) -> bool:
+        """Whether ``layout`` has somewhere for ``request`` to go now: a writable leader of its
+        partition (keyed or explicit), any writable partition (unkeyed), any nsqd (classic).
+        A publish that routing refuses for another reason (bad input) counts as routable: its
+        next try raises that. No round-robin turn is taken."""
+        if layout is None:
+            return bool(self.direct_routes)
+        table = self.table(request.topic, layout)
+        if table.classic:
+            return bool(table.classic_routes)
+        if request.movable:
+            return bool(table.unkeyed)
+        try:
+            return self._pin(request, table) in table.by_partition
+        except NoWritablePartitionError:
+            return False
+        except NSQError:
+            return True
 
     def _counter(self, topic: str) -> itertools.count[int]:
         counter = self._counters.get(topic)

@@ -31,17 +31,23 @@ AddressMapping = Union[Mapping[str, str], AddressResolver, "AddressMap"]
 _FIELD = "address_map"
 
 
-def split_host_port(address: object, what: str = "address") -> tuple[str, int]:
-    """``"host:port"`` or ``"[v6]:port"`` -> (host, port); ValidationError naming ``what``."""
+def split_host_port(address: object, field: str = "address", what: str = "") -> tuple[str, int]:
+    """``"host:port"`` or ``"[v6]:port"`` -> (host, port), surrounding spaces ignored.
+
+    The one host:port parser of the client (connections, ``nsqd=[...]``, the CLI, address
+    maps). A host with spaces, slashes or brackets, or a port outside 1..65535, raises
+    ValidationError naming ``field``; ``what`` says which value it was, when the field holds
+    several."""
+    shown = f"{what} {address!r}" if what else repr(address)
     if not isinstance(address, str) or ":" not in address:
-        raise ValidationError(_FIELD, f"{what} {address!r}: expected 'host:port'")
+        raise ValidationError(field, f"{shown}: expected 'host:port'")
     host, _, port_text = address.strip().rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if not host or any(c.isspace() for c in host) or "/" in host or "[" in host:
-        raise ValidationError(_FIELD, f"{what} {address!r}: expected 'host:port'")
+        raise ValidationError(field, f"{shown}: expected 'host:port'")
     if not (port_text.isascii() and port_text.isdigit()) or not 0 < int(port_text) < 65536:
-        raise ValidationError(_FIELD, f"{what} {address!r}: the port must be 1..65535")
+        raise ValidationError(field, f"{shown}: the port must be 1..65535")
     return host, int(port_text)
 
 
@@ -74,8 +80,8 @@ class AddressMap:
             self._resolver = mapping._resolver
         elif isinstance(mapping, Mapping):
             for source, target in mapping.items():
-                self._table[_key(*split_host_port(source, "key"))] = split_host_port(
-                    target, f"value of {source!r}"
+                self._table[_key(*split_host_port(source, _FIELD, "key"))] = split_host_port(
+                    target, _FIELD, f"value of {source!r}"
                 )
         elif callable(mapping):
             self._resolver = mapping
@@ -106,12 +112,12 @@ class AddressMap:
         if self._resolver is not None:
             announced = join_host_port(host, port)
             answer = self._resolver(announced)
-            return split_host_port(answer, f"the resolver's answer for {announced!r}:")
+            return split_host_port(answer, _FIELD, f"the resolver's answer for {announced!r}:")
         return self._table.get(_key(host, port), (host, port))
 
     def resolve(self, address: str) -> str:
         """``"host:port"`` -> the ``"host:port"`` to connect to."""
-        return join_host_port(*self.target(*split_host_port(address)))
+        return join_host_port(*self.target(*split_host_port(address, _FIELD)))
 
     def node(self, node: Node) -> Node:
         """The nsqd ``node`` with its TCP and HTTP addresses mapped (the same object when

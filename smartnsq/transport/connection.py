@@ -47,9 +47,10 @@ from smartnsq.protocol.frames import (
 from smartnsq.protocol.identify import IdentifyRequest, IdentifyResponse
 from smartnsq.protocol.message import MessageFrame, MessageLayout, decode_message
 from smartnsq.protocol.responses import HEARTBEAT, OK, AuthResponse
+from smartnsq.routing.addresses import split_host_port
 from smartnsq.transport.reading import ReusableReadBuffer
 
-__all__ = ["Connection", "ConnectionConfig", "parse_address"]
+__all__ = ["Connection", "ConnectionConfig"]
 
 log = logging.getLogger("smartnsq.connection")
 
@@ -58,21 +59,6 @@ _HOSTNAME = socket.gethostname()
 _MESSAGE_COMMAND_ERRORS = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
 
 Compression = Literal["snappy", "deflate"] | None
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """``"host:port"`` (``"[v6]:port"``) -> (host, port), validated."""
-    if not isinstance(address, str) or ":" not in address:
-        raise ValidationError("address", f"expected 'host:port', got {address!r}")
-    host, _, port_text = address.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ValidationError("address", f"invalid port in {address!r}") from None
-    if not host or not 0 < port < 65536:
-        raise ValidationError("address", f"expected 'host:port', got {address!r}")
-    return host, port
 
 
 @dataclass(frozen=True)
@@ -197,7 +183,7 @@ class Connection(ReusableReadBuffer):
         label: str = "",
     ) -> None:
         self.address = address
-        self.host, self.port = parse_address(address)
+        self.host, self.port = split_host_port(address)
         self.config = config or ConnectionConfig()
         self.extend_support = extend_support
         self.desired_tag = desired_tag

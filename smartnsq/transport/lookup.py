@@ -86,6 +86,9 @@ WatchCallback = Callable[[TopicLayout], Awaitable[None] | None]
 Sleep = Callable[[float], Awaitable[object]]
 _Key = tuple[str, Access]
 
+# wait_until's rounds are at least this far apart, even with refresh_min_interval=0.
+_MIN_WAIT_STEP = 0.05
+
 # What a lookupd that is down or broken raises; anything else is a bug and propagates.
 _FAILURES = (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError, ProtocolError, OSError)
 
@@ -305,6 +308,37 @@ class LookupManager:
         self._track(key)
         self._start_poller()
         return await self._refresh(key, forced=True)
+
+    async def wait_until(
+        self,
+        topic: str,
+        access: Access,
+        predicate: Callable[[TopicLayout], bool],
+        timeout: float,
+    ) -> TopicLayout | None:
+        """Ask the lookupds again until a layout satisfies ``predicate`` (returned) or
+        ``timeout`` seconds pass (None); at least once, even with ``timeout`` 0.
+
+        What a publish waiting for a partition's new leader does: concurrent waiters share
+        each round (forced refreshes, coalesced), and rounds are ``refresh_min_interval``
+        apart, so a leader is seen about that soon after nsqlookupd names it. A round that
+        fails is waited out like one that does not satisfy ``predicate``."""
+        key = self._key(topic, access)
+        self._track(key)
+        self._start_poller()
+        deadline = self._clock() + timeout
+        while True:
+            try:
+                layout = await self._refresh(key, forced=True)
+            except (LookupFailedError, TopicNotFoundError, TopicHasNoChannelError) as exc:
+                self._logger.debug("waiting for a layout of %r (access=%s): %s", *key, exc)
+            else:
+                if predicate(layout):
+                    return layout
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                return None
+            await self._sleep(min(max(self._refresh_min_interval, _MIN_WAIT_STEP), remaining))
 
     def watch(self, topic: str, access: Access, callback: WatchCallback) -> Callable[[], None]:
         """Call ``callback(layout)`` (sync or async) whenever a refresh, periodic or forced,

@@ -107,6 +107,10 @@ class ConnectionPool:
         log.debug("connected to %s", address)
         return conn
 
+    def open_connections(self) -> int:
+        """How many pooled connections are open now."""
+        return sum(c.is_open for slot in self._slots.values() for c in slot.connections)
+
     def discard(self, conn: Connection) -> None:
         """Forget a connection (it failed); the next ``get`` opens a new one."""
         for slot in self._slots.values():

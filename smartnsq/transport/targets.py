@@ -7,11 +7,23 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from smartnsq.errors import ValidationError
-from smartnsq.routing.addresses import AddressMap, AddressMapping
-from smartnsq.transport.connection import parse_address
+from smartnsq.routing.addresses import AddressMap, AddressMapping, split_host_port
 from smartnsq.transport.lookup import LookupManager
 
-__all__ = ["Targets", "resolve_targets"]
+__all__ = ["Targets", "check_nsqd_address", "resolve_targets"]
+
+
+def check_nsqd_address(address: object) -> str:
+    """An address of ``nsqd=[...]`` (``--nsqd``): nsqd's TCP ``host:port``. A URL is the
+    usual mistake (an HTTP address belongs to ``lookupd=``): the error says so."""
+    if isinstance(address, str) and "://" in address:
+        raise ValidationError(
+            "nsqd",
+            f"{address!r} is a URL; nsqd takes nsqd's TCP address as host:port (default port "
+            "4150). For nsqlookupd's HTTP address (http://host:4161) use lookupd=[...]",
+        )
+    split_host_port(address, "nsqd")
+    return str(address)
 
 
 class Targets(NamedTuple):
@@ -53,7 +65,7 @@ def resolve_targets(
         if not addresses:
             raise ValidationError("nsqd", "needs at least one address")
         for address in addresses:
-            parse_address(address)
+            check_nsqd_address(address)
         return Targets(addresses, None, False)
     manager = LookupManager(list(lookupd or ()), poll_interval=poll_interval, address_map=mapping)
     return Targets([], manager, True)

@@ -7,6 +7,7 @@ import asyncio
 import gc
 import json
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -169,6 +170,35 @@ async def test_bad_topic_spec_is_a_one_line_usage_error() -> None:
         "smartnsq cluster: error: --topic 'orders:x:2': partitions must be an integer 1..255, "
         "got 'x'"
     ]
+
+
+async def test_a_busy_port_is_a_failure_naming_the_port() -> None:
+    """Exit 1 (a failure: the arguments were right), not 2, and the port is named."""
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "smartnsq", "cluster", "--nodes", "1",
+            "--lookupd-port", str(port),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    finally:
+        busy.close()
+    assert proc.returncode == 1
+    assert out == b""
+    lines = err.decode().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"smartnsq cluster: error: cannot listen on 127.0.0.1:{port}: ")
+    assert f"holds port {port}" in lines[0]
+    assert "--lookupd-port" in lines[0]
 
 
 # --------------------------------------------------------------------------- specs, in-process

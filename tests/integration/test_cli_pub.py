@@ -415,3 +415,28 @@ async def test_pub_empty_line_error_names_its_line_after_whole_batches(cluster: 
         "(3 messages published before it; --skip-empty skips empty lines)"
     )
     assert _bodies(cluster, "orders", 2) == [b"a", b"b", b"c"]
+
+
+# --------------------------------------------------------------------------- classic
+
+
+async def test_a_sharding_key_on_classic_nsqd_is_explained() -> None:
+    """Classic nsqd has no partitions: the key picks an nsqd, as the API does, and the
+    command says so instead of passing over it in silence."""
+    async with Cluster(classic=True, nodes=2) as classic:
+        result = await smartnsq(
+            "pub", "t", "--lookupd", classic.lookupd_url, "--sharding-key", "42", "a", "b"
+        )
+        _clean_exit(result, 0)
+        async with Producer(lookupd=[classic.lookupd_url]) as producer:
+            nsqd = (await producer.publish("t", b"probe", sharding_key=42)).address
+        notes = [line for line in result.err_lines if line.startswith("smartnsq pub: note:")]
+        assert notes == [
+            "smartnsq pub: note: classic nsqd has no partitions: --sharding-key chose the nsqd "
+            f"({nsqd}), the same one for the same key, as the Python API does; it orders "
+            "nothing by itself"
+        ]
+        # Without a key, no note.
+        plain = await smartnsq("pub", "t", "--lookupd", classic.lookupd_url, "c")
+        _clean_exit(plain, 0)
+        assert "note:" not in plain.err

@@ -4,7 +4,11 @@ A page is run as a reader would run it, top to bottom, from a checkout of the pr
 
 * its set-up command, the first ```sh block that starts ``smartnsq cluster``, is started as
   printed (the cluster on the documented fixed ports, e.g. ``--lookupd-port 4161``) and
-  stopped with Ctrl-C (SIGINT) once the page is done; it must exit 0;
+  stopped with Ctrl-C (SIGINT) once the page is done; it must exit 0. A page starts only once
+  its ports are free, and is over only once its cluster has exited and freed every port it
+  listened on, so the next page never finds them taken (a cluster that does not stop on
+  Ctrl-C is killed, and the page fails). Fixed ports are shared by every checkout on the
+  machine: run this file under ``flock /tmp/smartnsq-port4161.lock``;
 * every other ```sh block runs as printed (bash, ``set -euo pipefail``) from the root of the
   checkout (where docker-compose.yml is), and must exit 0;
 * every ```python block runs as a program, and every ```python pytest block as a test module
@@ -23,7 +27,9 @@ import asyncio
 import os
 import re
 import signal
+import socket
 import sys
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -35,6 +41,9 @@ ROOT = Path(__file__).resolve().parents[2]
 FENCE = re.compile(r"^```(python pytest|python|sh)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 FRESH_MACHINE = "## Set up on a fresh machine"
 STEP_TIMEOUT = 180.0
+# How long a page waits for a fixed port to be free (the previous page's, or another run's).
+PORT_TIMEOUT = 30.0
+ADDRESS = re.compile(rb"127\.0\.0\.1:(\d+)")
 # A block that starts a Spark session (10-20 s, and its first job starts Python workers).
 SPARK_STEP_TIMEOUT = 300.0
 
@@ -120,8 +129,42 @@ async def _run(command: list[str], cwd: Path, where: str, timeout: float) -> Non
     assert process.returncode == 0, f"{where} failed ({process.returncode}):\n{out.decode()}"
 
 
-async def _start(setup: Block, cwd: Path) -> asyncio.subprocess.Process:
-    """The page's cluster, started as printed; returns once it has printed its addresses."""
+class Started(NamedTuple):
+    process: asyncio.subprocess.Process
+    ports: set[int]  # every port the cluster said it listens on
+
+
+def _port_free(port: int) -> bool:
+    """Whether a server could listen on the port now (bound as the cluster binds it)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+async def _until_free(ports: set[int], where: str, timeout: float = PORT_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while busy := sorted(p for p in ports if not _port_free(p)):
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"{where}: port {', '.join(map(str, busy))} still in use after {timeout} s "
+                "(another docs run? run them under flock /tmp/smartnsq-port4161.lock)"
+            )
+        await asyncio.sleep(0.05)
+
+
+def _fixed_ports(setup: Block) -> set[int]:
+    found = re.search(r"--lookupd-port[ =](\d+)", setup.code)
+    return {int(found.group(1))} if found else set()
+
+
+async def _start(setup: Block, cwd: Path) -> Started:
+    """The page's cluster, started as printed once its port is free; returns once it has
+    printed its addresses. A cluster that does not get that far is killed."""
+    await _until_free(_fixed_ports(setup), setup.where)
     process = await asyncio.create_subprocess_exec(
         "bash",
         "-c",
@@ -134,21 +177,37 @@ async def _start(setup: Block, cwd: Path) -> asyncio.subprocess.Process:
     )
     assert process.stdout is not None
     seen: list[bytes] = []
-    while True:
-        line = await asyncio.wait_for(process.stdout.readline(), 60)
-        seen.append(line)
-        if not line:
-            pytest.fail(f"{setup.where}: the set-up command ended:\n{b''.join(seen).decode()}")
-        if line.startswith(b"smartnsq cluster ("):
-            return process
+    try:
+        while True:
+            line = await asyncio.wait_for(process.stdout.readline(), 60)
+            seen.append(line)
+            if not line:
+                pytest.fail(f"{setup.where}: the set-up command ended:\n{b''.join(seen).decode()}")
+            if line.startswith(b"Ready"):
+                ports = {int(port) for port in ADDRESS.findall(b"".join(seen))}
+                return Started(process, ports)
+    except BaseException:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        raise
 
 
-async def _stop(process: asyncio.subprocess.Process, setup: Block) -> None:
+async def _stop(started: Started, setup: Block) -> None:
+    """Ctrl-C, as a reader stops it; over once the process has exited and its ports are
+    free again (killed if Ctrl-C does not stop it: the page then fails)."""
+    process = started.process
     if process.returncode is None:
         process.send_signal(signal.SIGINT)  # Ctrl-C
     assert process.stdout is not None
-    out = await asyncio.wait_for(process.stdout.read(), 30)
-    code = await asyncio.wait_for(process.wait(), 30)
+    try:
+        out = await asyncio.wait_for(process.stdout.read(), 30)
+        code = await asyncio.wait_for(process.wait(), 30)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    await _until_free(started.ports, setup.where)
     assert code == 0, f"{setup.where}: the cluster exited {code}:\n{out.decode()}"
 
 
@@ -213,6 +272,30 @@ def _require_docker() -> None:
         if os.environ.get("SMARTNSQ_REQUIRE_DOCKER"):
             pytest.fail(f"$SMARTNSQ_REQUIRE_DOCKER is set, but {reason}")
         pytest.skip(reason)
+
+
+async def test_a_page_waits_for_its_ports_and_says_who_to_blame() -> None:
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    asyncio.get_running_loop().call_later(0.2, holder.close)
+    await _until_free({port}, "page.md:1")  # freed meanwhile: the page goes on
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", port))
+    holder.listen()
+    try:
+        with pytest.raises(pytest.fail.Exception, match=f"port {port} still in use .* flock"):
+            await _until_free({port}, "page.md:1", timeout=0.2)
+    finally:
+        holder.close()
+
+
+def test_the_fixed_ports_of_a_page() -> None:
+    setup = Block("page.md:1", "sh", "smartnsq cluster --lookupd-port 4161 --nodes 2\n")
+    assert _fixed_ports(setup) == {4161}
+    assert _fixed_ports(Block("page.md:1", "sh", "smartnsq cluster --classic\n")) == set()
 
 
 def test_reference_names_every_public_name() -> None:

@@ -245,7 +245,7 @@ async def test_retry_through_node_crash_with_failover_delay() -> None:
 async def test_retry_until_partition_writable(
     cluster: Cluster, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level("INFO", logger="smartnsq.producer")
+    caplog.set_level("DEBUG", logger="smartnsq.producer")
 
     def retries() -> int:
         return sum("retrying" in r.getMessage() for r in caplog.records)
@@ -253,7 +253,8 @@ async def test_retry_until_partition_writable(
     async with _producer(cluster) as producer:
         await cluster.set_writable("orders", 1, False)
         pending = asyncio.create_task(producer.publish("orders", b"waits", partition=1))
-        await cluster.wait_for(lambda: retries() >= 2)  # refused twice, still trying
+        await cluster.wait_for(lambda: retries() >= 1)  # refused, waiting for a leader
+        await asyncio.sleep(0.5)  # a while after: still waiting (this test's point, not sync)
         assert not pending.done()
         await cluster.set_writable("orders", 1, True)
         result = await pending

@@ -269,6 +269,23 @@ def test_lifecycle_close_is_idempotent_and_final(tc: ThreadedCluster) -> None:
     assert _threads_named("smartnsq-producer-loop") == []
 
 
+def test_producer_stats_and_the_trace_switch(tc: ThreadedCluster) -> None:
+    """The blocking producer has the async one's stats(), set_trace() and tracing()."""
+    with _producer(tc) as producer:
+        assert not producer.tracing("orders")
+        producer.set_trace(True, "orders")
+        assert producer.tracing("orders")
+        assert not producer.tracing("ordered")
+        traced = producer.publish("orders", b"traced", partition=1)
+        assert traced.trace_id is not None
+        producer.set_trace(False)
+        assert producer.publish("orders", b"plain", partition=1).trace_id is None
+        stats = producer.stats()
+        assert isinstance(stats, sync.ProducerStats)
+        assert (stats.published, stats.per_partition) == (2, {1: 2})
+    assert producer.stats().published == 2  # also after close
+
+
 def test_close_while_other_threads_publish(tc: ThreadedCluster) -> None:
     """Publishes racing close() return a result or raise ClientClosedError (refused, or
     interrupted when the pool or the loop closed under them); none hangs."""

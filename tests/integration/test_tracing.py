@@ -189,7 +189,7 @@ async def test_spans_metrics_and_context_propagation(
     assert process.kind == SpanKind.CONSUMER
     assert process.attributes is not None
     assert process.attributes["messaging.consumer.group.name"] == "c"
-    assert process.attributes["messaging.message.id"] == got[0].id.hex()
+    # messaging.message.id: see test_send_and_process_spans_name_a_message_alike
     # the consumer continued the producer's trace (traceparent carried in the ext header)
     assert process.context.trace_id == send.context.trace_id
     assert process.parent is not None
@@ -210,6 +210,44 @@ async def test_spans_metrics_and_context_propagation(
     durations = metrics["messaging.process.duration"].data_points
     assert sum(point.count for point in durations) == 3
     assert "smartnsq.messages.in_flight" in metrics
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="waits on the integrator: Consumer._observe must describe its process span with "
+    "smartnsq.telemetry.describe_process (consumer.py is being rewritten); remove this mark "
+    "once it does",
+)
+async def test_send_and_process_spans_name_a_message_alike(
+    cluster: Cluster, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    """One form of messaging.message.id on both sides (it was the internal id in decimal on
+    send, the 16-byte id in hex on process), and a traced message's NSQ trace id, which
+    travels on plain topics too, as the conversation id of both: a backend can join them."""
+    provider, exporter = spans
+    got: list[Message] = []
+    async with (
+        Consumer(
+            "orders",
+            "c",
+            lookupd=[cluster.lookupd_url],
+            handler=got.append,
+            tracer_provider=provider,
+        ),
+        Producer(lookupd=[cluster.lookupd_url], tracer_provider=provider) as producer,
+    ):
+        result = await producer.publish("orders", b"traced", partition=1, trace_id=77)
+        await cluster.wait_for(lambda: len(got) == 1)
+    finished = exporter.get_finished_spans()
+    (send,) = [s for s in finished if s.name == "send orders"]
+    (process,) = [s for s in finished if s.name == "process orders"]
+    assert send.attributes is not None
+    assert process.attributes is not None
+    assert send.attributes["messaging.message.id"] == str(result.internal_id)
+    assert process.attributes["messaging.message.id"] == str(result.internal_id)
+    assert send.attributes["messaging.message.conversation_id"] == "77"
+    assert process.attributes["messaging.message.conversation_id"] == "77"
+    assert process.attributes["messaging.destination.partition.id"] == "1"
 
 
 async def test_retries_are_span_events_and_errors_are_recorded(

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import pytest
 
+import smartnsq
 from smartnsq.cli import UsageError, _positionals, main
 from smartnsq.cli._common import Progress, dash, table
 from smartnsq.cli.demo import _Checker, _events, _trace_sample
@@ -241,3 +242,18 @@ def test_pub_without_arguments_asks_for_the_topic_only(
     assert "TOPIC [BODY ...]" in usage
     assert "BODY message bodies (none: one message per stdin line)" in usage
     assert "--skip-empty" in usage
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"smartnsq {smartnsq.__version__}\n"
+
+
+def test_pub_waits_as_long_as_the_api_by_default() -> None:
+    from smartnsq.cli import build_parser
+    from smartnsq.producer import DEFAULT_PUBLISH_TIMEOUT
+
+    args = build_parser().parse_args(["pub", "orders", "x"])
+    assert args.timeout == DEFAULT_PUBLISH_TIMEOUT

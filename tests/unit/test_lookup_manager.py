@@ -463,6 +463,58 @@ async def test_rate_limit_does_not_apply_without_a_cached_layout(
     assert ports(await manager.lookup("t")) == {0: 24510}
 
 
+def _wake_due(clock: FakeTime) -> None:
+    for deadline, future in list(clock._waiters):
+        if deadline <= clock.now and not future.done():
+            future.set_result(None)
+
+
+async def test_wait_until_asks_in_rounds_until_the_layout_suits(
+    make: Make, clock: FakeTime
+) -> None:
+    """How a publish waits for a partition's new leader: forced rounds, refresh_min_interval
+    apart, shared by every waiter, ending with the first layout that suits."""
+    cluster = FakeCluster()
+    lookupd = cluster.add(A, FakeLookupd(youzan_answer({1: 24520}, partition_num=2)))
+    manager = make(cluster, [A], refresh_min_interval=0.25)
+    await manager.lookup("t", "w")
+    waiters = [
+        asyncio.create_task(manager.wait_until("t", "w", lambda layout: 0 in layout.partitions, 10))
+        for _ in range(5)
+    ]
+    await until(lambda: clock.sleeps.count(0.25) == 5)
+    assert cluster.count(A, "/lookup") == 2  # one round for the five waiters
+    clock.now += 0.25
+    _wake_due(clock)
+    await until(lambda: clock.sleeps.count(0.25) == 10)
+    assert cluster.count(A, "/lookup") == 3
+    lookupd.lookup = youzan_answer({0: 24510, 1: 24520}, partition_num=2)  # a leader again
+    clock.now += 0.25
+    _wake_due(clock)
+    layouts = await asyncio.gather(*waiters)
+    assert all(ports(layout) == {0: 24510, 1: 24520} for layout in layouts)
+    assert cluster.count(A, "/lookup") == 4
+
+
+async def test_wait_until_gives_up_after_its_timeout(make: Make, clock: FakeTime) -> None:
+    cluster = FakeCluster()
+    cluster.add(A, FakeLookupd(down=True))
+    manager = make(cluster, [A], refresh_min_interval=0.25, http_attempts=1)
+    waiter = asyncio.create_task(manager.wait_until("t", "w", lambda layout: True, 0.4))
+    await until(lambda: 0.25 in clock.sleeps)
+    clock.now += 0.25
+    _wake_due(clock)
+    await until(lambda: len([d for d in clock.sleeps if d < 1]) == 2)
+    assert [d for d in clock.sleeps if d < 1] == [0.25, pytest.approx(0.15)]
+    clock.now += 0.15
+    _wake_due(clock)
+    assert await waiter is None
+    # With no time at all, one round still runs.
+    rounds = cluster.count(A, "/lookup")
+    assert await manager.wait_until("t", "w", lambda layout: False, 0) is None
+    assert cluster.count(A, "/lookup") == rounds + 1
+
+
 # --------------------------------------------------------------------------- outcomes
 
 

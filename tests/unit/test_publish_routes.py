@@ -267,3 +267,53 @@ def test_key_targets_name_the_bad_key() -> None:
     with pytest.raises(ValidationError) as info:
         Router(Sharder("java")).key_targets("t", ["a", b"bytes"], FOUR)
     assert info.value.field == "sharding_keys[1]"
+
+
+# --------------------------------------------------------------------------- waiting for a leader
+
+
+def test_a_pinned_publish_has_its_target_without_a_writable_leader() -> None:
+    router = _router()
+    no_leader_for_1 = _youzan({0: 4150}, partition_num=2)
+    keyed = _request()
+    keyed.key = 5  # 5 % 2 -> partition 1, which has no leader now
+    assert router.target(keyed, no_leader_for_1) == 1
+    with pytest.raises(NoWritablePartitionError):
+        router.route(keyed, no_leader_for_1)
+    explicit = _request()
+    explicit.partition = 1
+    assert router.target(explicit, no_leader_for_1) == 1
+    explicit.partition, explicit.pinned = 7, None
+    with pytest.raises(ValidationError):
+        router.target(explicit, no_leader_for_1)
+    classic = _request()
+    classic.key = 3
+    assert router.target(classic, _classic(4150, 4152)) == "127.0.0.1:4152"
+    assert _router(("10.0.0.1:4150",)).target(classic, None) == "10.0.0.1:4150"
+
+
+def test_routable_says_whether_a_layout_has_somewhere_to_go() -> None:
+    router = _router()
+    keyed = _request()
+    keyed.key = 5
+    assert not router.routable(keyed, _youzan({0: 4150}, partition_num=2))
+    assert router.routable(keyed, _youzan({0: 4150, 1: 4152}))
+    unkeyed = _request()
+    assert router.routable(unkeyed, _youzan({0: 4150}, partition_num=2))
+    assert not router.routable(unkeyed, _youzan({}, partition_num=2))
+    unknown = _request()
+    unknown.key = 1
+    assert not router.routable(unknown, TopicLayout("t", "w", youzan=True))  # no count yet
+    out_of_range = _request()
+    out_of_range.partition = 9  # refused by the next try, not waited for
+    assert router.routable(out_of_range, _youzan({0: 4150}, partition_num=2))
+    assert router.routable(_request(), _classic(4150))
+    assert not router.routable(_request(), _classic())
+    assert _router(("10.0.0.1:4150",)).routable(_request(), None)
+
+
+def test_routable_takes_no_round_robin_turn() -> None:
+    router = _router()
+    for _ in range(3):
+        assert router.routable(_request(), FOUR)
+    assert router.route(_request(), FOUR).partition == 0

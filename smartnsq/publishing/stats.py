@@ -1,0 +1,48 @@
+"""The Producer's counters (``producer.stats()``), kept as publishes end: pure data."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from smartnsq.publish_result import PublishResult
+
+__all__ = ["ProducerStats"]
+
+
+@dataclass
+class ProducerStats:
+    """Counters since the producer was created (``producer.stats()`` returns a snapshot).
+
+    A *publish* is one request to nsqd: one ``publish()``, one ``publish_many()`` batch, or
+    one auto-batched MPUB (``linger=``); its messages are counted apart.
+    """
+
+    published: int = 0  # messages nsqd acknowledged
+    publishes: int = 0  # publishes acknowledged (an MPUB counts once)
+    published_bytes: int = 0  # body bytes of the acknowledged messages
+    retries: int = 0  # tries after a publish's first (failovers, lost connections...)
+    failures: int = 0  # publishes that raised once they were sent or routed
+    failed_messages: int = 0  # the messages of those publishes
+    connections: int = 0  # open publishing connections, when the snapshot was taken
+    per_partition: dict[int | None, int] = field(default_factory=dict)  # messages; None: classic
+
+    def acknowledged(self, bodies: list[bytes], results: list[PublishResult]) -> None:
+        """Count one publish nsqd acknowledged (its bodies, their results)."""
+        self.published += len(results)
+        self.publishes += 1
+        self.published_bytes += sum(map(len, bodies)) if len(bodies) > 1 else len(bodies[0])
+        partition = results[0].partition
+        per_partition = self.per_partition
+        per_partition[partition] = per_partition.get(partition, 0) + len(results)
+
+    def failed(self, messages: int) -> None:
+        """Count one publish of ``messages`` messages that raised."""
+        self.failures += 1
+        self.failed_messages += messages
+
+    def snapshot(self, connections: int) -> ProducerStats:
+        """A copy for the caller, with the open connections counted now."""
+        copy = dataclasses.replace(self, connections=connections)
+        copy.per_partition = dict(self.per_partition)
+        return copy

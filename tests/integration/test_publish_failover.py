@@ -1,0 +1,213 @@
+"""Many concurrent publishers (keyed, explicit partition, round-robin, auto-batched) through a
+partition that stops taking writes and through a leader crash: every publish returns or raises
+a PublishError, none fails while publish_timeout outlasts the outage, a waiting publish goes
+as soon as a lookup names a writable leader, and every acknowledged message is consumed.
+Tracing on or off changes none of it (it used to: it took another path)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+
+from smartnsq import errors as e
+from smartnsq.consumer import Consumer
+from smartnsq.message import Message
+from smartnsq.producer import Producer
+from smartnsq.retry import Backoff
+from smartnsq.routing.sharding import Sharder
+from smartnsq.testing import Cluster
+
+TOPIC = "events"
+PARTITIONS = 2
+# Keys of both partitions, so keyed publishers wait on the partition in trouble and not only.
+KEYS = [f"key-{i}" for i in range(8)]
+FAST_RETRY = Backoff(initial=0.01, maximum=0.2)
+
+
+@dataclass
+class Outcome:
+    acknowledged: set[bytes] = field(default_factory=set)
+    failures: list[BaseException] = field(default_factory=list)
+
+
+Publish = Callable[[Producer, bytes, int], Awaitable[object]]
+
+MODES: dict[str, Publish] = {
+    "keyed": lambda p, body, i: p.publish(TOPIC, body, sharding_key=KEYS[i % len(KEYS)]),
+    "partition": lambda p, body, i: p.publish(TOPIC, body, partition=i % PARTITIONS),
+    "round-robin": lambda p, body, i: p.publish(TOPIC, body),
+}
+
+
+async def _publish_one(
+    producer: Producer, publish: Publish, body: bytes, i: int, outcome: Outcome
+) -> None:
+    try:
+        await publish(producer, body, i)
+    except Exception as exc:  # noqa: BLE001 - every failure is checked by the test
+        outcome.failures.append(exc)
+    else:
+        outcome.acknowledged.add(body)
+
+
+async def _publisher(
+    producer: Producer, name: str, publish: Publish, stop: asyncio.Event, outcome: Outcome
+) -> None:
+    """One publish after the other: stuck on a publish that waits for its partition."""
+    i = 0
+    while not stop.is_set():
+        await _publish_one(producer, publish, f"{name}-{i}".encode(), i, outcome)
+        i += 1
+        await asyncio.sleep(0.002)  # pacing: thousands of messages to consume, not millions
+
+
+async def _arrivals(
+    producer: Producer, name: str, publish: Publish, stop: asyncio.Event, outcome: Outcome
+) -> None:
+    """A new publish every few milliseconds, each its own task: publishes that start while
+    the producer already knows of the outage (they used to fail at once)."""
+    started: list[asyncio.Task[None]] = []
+    i = 0
+    while not stop.is_set():
+        body = f"{name}-{i}".encode()
+        started.append(asyncio.create_task(_publish_one(producer, publish, body, i, outcome)))
+        i += 1
+        await asyncio.sleep(0.01)
+    await asyncio.gather(*started)
+
+
+@asynccontextmanager
+async def _publishing(
+    cluster: Cluster, publish_timeout: float, tracer_provider: Any
+) -> AsyncIterator[tuple[Outcome, asyncio.Event]]:
+    """Publishers of every mode, plain and auto-batched (linger), sequential and arriving,
+    running until the event is set; the outcome holds what was acknowledged and what failed."""
+    outcome, stop = Outcome(), asyncio.Event()
+    options: dict[str, Any] = {
+        "publish_timeout": publish_timeout,
+        "retry_backoff": FAST_RETRY,
+        "tracer_provider": tracer_provider,
+    }
+    plain = Producer(lookupd=[cluster.lookupd_url], **options)
+    batched = Producer(lookupd=[cluster.lookupd_url], linger=0.005, **options)
+    async with plain, batched:
+        tasks = [
+            asyncio.create_task(run(producer, f"{label}-{mode}-{n}", publish, stop, outcome))
+            for label, producer in (("plain", plain), ("batched", batched))
+            for mode, publish in MODES.items()
+            for n, run in enumerate((_publisher, _publisher, _arrivals))
+        ]
+        try:
+            yield outcome, stop
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+
+
+async def _consume_all(cluster: Cluster, acknowledged: set[bytes]) -> None:
+    received: set[bytes] = set()
+
+    def handler(message: Message) -> None:
+        received.add(message.body)
+
+    async with Consumer(TOPIC, "check", lookupd=[cluster.lookupd_url], handler=handler):
+        await cluster.wait_for(lambda: acknowledged <= received, timeout=20)
+
+
+async def _more_published(cluster: Cluster, outcome: Outcome, count: int) -> None:
+    target = len(outcome.acknowledged) + count
+    await cluster.wait_for(lambda: len(outcome.acknowledged) >= target, timeout=20)
+
+
+def _only_publish_errors(failures: list[BaseException]) -> None:
+    bare = [f for f in failures if not isinstance(f, e.PublishError)]
+    assert not bare, f"{len(bare)} failures are not PublishError, e.g. {bare[0]!r}"
+
+
+@pytest.fixture(params=[False, True], ids=["untraced", "traced"])
+def tracer_provider(request: pytest.FixtureRequest) -> Any:
+    return TracerProvider() if request.param else None
+
+
+async def _cluster(failover_delay: float = 0.0) -> Cluster:
+    cluster = Cluster(nodes=3, failover_delay=failover_delay)
+    await cluster.start()
+    await cluster.create_topic(TOPIC, PARTITIONS, 3, channels=["check"])
+    return cluster
+
+
+async def test_no_failure_through_an_unwritable_window(tracer_provider: Any) -> None:
+    cluster = await _cluster()
+    try:
+        async with _publishing(cluster, 10.0, tracer_provider) as (outcome, _):
+            await _more_published(cluster, outcome, 100)
+            await cluster.set_writable(TOPIC, 0, False)
+            await asyncio.sleep(1.5)  # the outage: publishes to partition 0 wait through it
+            await cluster.set_writable(TOPIC, 0, True)
+            await _more_published(cluster, outcome, 100)
+        assert outcome.failures == []
+        await _consume_all(cluster, outcome.acknowledged)
+    finally:
+        await cluster.stop()
+
+
+async def test_no_failure_through_a_leader_crash(tracer_provider: Any) -> None:
+    cluster = await _cluster(failover_delay=1.0)
+    try:
+        async with _publishing(cluster, 10.0, tracer_provider) as (outcome, _):
+            await _more_published(cluster, outcome, 100)
+            leader = cluster.leader(TOPIC, 0)
+            assert leader is not None
+            await cluster.stop_node(leader)
+            await cluster.wait_for(lambda: cluster.leader(TOPIC, 0) not in (None, leader))
+            await _more_published(cluster, outcome, 100)
+        assert outcome.failures == []
+        await _consume_all(cluster, outcome.acknowledged)
+    finally:
+        await cluster.stop()
+
+
+async def test_an_outage_longer_than_publish_timeout_raises_publish_errors_only(
+    tracer_provider: Any,
+) -> None:
+    cluster = await _cluster()
+    try:
+        async with _publishing(cluster, 0.3, tracer_provider) as (outcome, _):
+            await _more_published(cluster, outcome, 100)
+            await cluster.set_writable(TOPIC, 0, False)
+            await cluster.wait_for(lambda: len(outcome.failures) >= 20)
+            await cluster.set_writable(TOPIC, 0, True)
+            await _more_published(cluster, outcome, 100)
+        _only_publish_errors(outcome.failures)
+        assert {f.partition for f in outcome.failures if isinstance(f, e.PublishError)} <= {0}
+        await _consume_all(cluster, outcome.acknowledged)
+    finally:
+        await cluster.stop()
+
+
+async def test_a_waiting_publish_goes_as_soon_as_a_lookup_names_a_leader() -> None:
+    async with Cluster(nodes=3) as cluster:
+        await cluster.create_topic(TOPIC, PARTITIONS, 3, channels=["check"])
+        key = next(k for k in KEYS if Sharder("java").partition_for(k, PARTITIONS) == 0)
+        async with Producer(lookupd=[cluster.lookupd_url], publish_timeout=10) as producer:
+            await producer.publish(TOPIC, b"first", sharding_key=key)
+            await cluster.set_writable(TOPIC, 0, False)
+            waiting = [
+                asyncio.create_task(producer.publish(TOPIC, f"w{i}".encode(), sharding_key=key))
+                for i in range(10)
+            ]
+            # Long enough for the default backoff to reach its 1 s cap.
+            await asyncio.sleep(2.0)
+            assert not any(task.done() for task in waiting)
+            recovered = time.monotonic()
+            await cluster.set_writable(TOPIC, 0, True)
+            await asyncio.gather(*waiting)
+            # Rounds of lookups 0.25 s apart: well under the 1 s backoff cap plus a refresh.
+            assert time.monotonic() - recovered < 0.8
