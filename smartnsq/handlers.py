@@ -20,7 +20,7 @@ from typing import Any
 
 from smartnsq.eager import run_eager
 from smartnsq.message import Message
-from smartnsq.telemetry import Telemetry, server_attributes
+from smartnsq.telemetry import Telemetry, describe_process
 
 __all__ = ["Done", "Handler", "HandlerRunner", "is_coroutine_function"]
 
@@ -134,19 +134,13 @@ class HandlerRunner:
         ``done`` (it also records the duration and ends the span) and the token to
         detach once the handler has started."""
         telemetry = self.telemetry
-        sub = message.lane
         started = time.perf_counter()
         opened = telemetry.start_process(self.topic, self.channel, message.ext)
         if opened is None:
             span, token = None, None
         else:
             span, token = opened
-            if sub.partition is not None:
-                span.set_attribute("messaging.destination.partition.id", str(sub.partition))
-            span.set_attribute("messaging.message.id", message.id.hex())
-            span.set_attribute("messaging.nsq.attempts", message.attempts)
-            for key, value in server_attributes(sub.address).items():
-                span.set_attribute(key, value)
+            describe_process(span, message)
         attributes = self.metric_attributes
 
         def observed(message: Message, exc: BaseException | None) -> None:

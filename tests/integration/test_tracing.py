@@ -212,12 +212,6 @@ async def test_spans_metrics_and_context_propagation(
     assert "smartnsq.messages.in_flight" in metrics
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="waits on the integrator: Consumer._observe must describe its process span with "
-    "smartnsq.telemetry.describe_process (consumer.py is being rewritten); remove this mark "
-    "once it does",
-)
 async def test_send_and_process_spans_name_a_message_alike(
     cluster: Cluster, spans: tuple[TracerProvider, InMemorySpanExporter]
 ) -> None:
