@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from smartnsq.errors import ValidationError
+from smartnsq.producer import DEFAULT_PUBLISH_TIMEOUT
 from smartnsq.protocol.validation import check_channel, check_partition, check_topic
 
 __all__ = ["Connect", "SinkOptions", "SourceOptions"]
@@ -237,7 +238,7 @@ class SinkOptions:
     trace: bool = False
     linger: float | None = None
     max_batch: int = 5000
-    publish_timeout: float = 40.0
+    publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -253,7 +254,8 @@ class SinkOptions:
             trace=reader.flag("trace"),
             linger=reader.seconds("linger", None, positive=False),
             max_batch=reader.integer("maxBatch", 5000, 1) or 5000,
-            publish_timeout=reader.seconds("publishTimeout", 40.0) or 40.0,
+            publish_timeout=reader.seconds("publishTimeout", DEFAULT_PUBLISH_TIMEOUT)
+            or DEFAULT_PUBLISH_TIMEOUT,
         )
 
     def producer_arguments(self) -> dict[str, Any]:

@@ -32,7 +32,7 @@ def test_sink_defaults_and_spelling() -> None:
     arguments = options.producer_arguments()
     assert arguments["lookupd"] == ["http://127.0.0.1:4161"]
     assert arguments["sharding"] == "java"
-    assert arguments["publish_timeout"] == 40.0
+    assert arguments["publish_timeout"] == 120.0  # the Producer's own default
     assert "nsqd" not in arguments
 
 
