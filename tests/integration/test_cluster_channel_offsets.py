@@ -62,15 +62,18 @@ def test_the_capture_table_is_read() -> None:
     assert [count for _, count, _ in ROWS] == [40, 39, 100, 51, 100, 50, 0]
 
 
-async def _setup(cluster: Cluster) -> int:
-    """The capture's set-up; returns the unix second from which b0..b49 were published."""
+async def _setup(cluster: Cluster, *, next_second: bool = False) -> int:
+    """The capture's set-up; returns the unix second from which b0..b49 were published
+    (with ``next_second``, a later one than a0..a49's)."""
     await cluster.create_topic(TOPIC, 1, 2, channels=[CHANNEL], placement={0: [LEADER, REPLICA]})
     producer = await RawClient.identified(cluster.nsqd_addresses[LEADER])
     for name in NAMES[:50]:
         await producer.ok(c.pub(TOPIC, name.encode(), 0))
-    # the capture waited 2.5 s: here only until the clock enters the next second
-    second = int(time.time()) + 1
-    await cluster.wait_for(lambda: time.time() >= second, timeout=2)
+    second = int(time.time())
+    if next_second:
+        # the capture waited 2.5 s: here only until the clock enters the next second
+        second += 1
+        await cluster.wait_for(lambda: time.time() >= second, timeout=2)
     await producer.ok(c.mpub(TOPIC, [name.encode() for name in NAMES[50:]], 0))
     await producer.close()
     return second
@@ -124,7 +127,7 @@ async def test_queue_offsets_are_the_captured_ones() -> None:
 
 async def test_each_captured_body_moves_the_channel_as_recorded() -> None:
     async with Cluster(nodes=2) as cluster:
-        second = await _setup(cluster)
+        second = await _setup(cluster, next_second=True)
         first = await _read(cluster, 100)
         assert _names(first) == NAMES  # a fresh registered channel: its first read is in order
         for body, count, in_order in ROWS:
