@@ -33,11 +33,15 @@ from smartnsq.errors import (
     AdminError,
     ClientClosedError,
     ConnectionClosedError,
+    NotLeaderError,
+    NSQError,
     NSQTimeoutError,
     ProtocolError,
+    TopicNotFoundError,
     UnsupportedFeatureError,
     ValidationError,
 )
+from smartnsq.protocol.commands import StartPosition
 from smartnsq.protocol.lookupd import (
     ACCEPT_V1,
     LookupdHTTPError,
@@ -48,13 +52,20 @@ from smartnsq.protocol.lookupd import (
     parse_node,
     unwrap_response,
 )
-from smartnsq.protocol.validation import check_auto_create, check_channel, check_topic
+from smartnsq.protocol.offsets import PartitionOffsets, SeekResult, setoffset_body
+from smartnsq.protocol.validation import (
+    check_auto_create,
+    check_channel,
+    check_partition,
+    check_topic,
+)
 from smartnsq.routing.addresses import AddressMap, AddressMapping
 from smartnsq.transport.httpclient import new_http_client
 from smartnsq.transport.httplog import quiet
 from smartnsq.transport.lookup import normalize_seed
+from smartnsq.transport.offsets import read_channel_offsets, set_channel_offset
 
-__all__ = ["MAX_PARTITIONS", "MAX_REPLICAS", "Admin"]
+__all__ = ["MAX_PARTITIONS", "MAX_REPLICAS", "Admin", "PartitionOffsets", "SeekResult"]
 
 MAX_PARTITIONS = 254  # nsqlookupd refuses 255 and more ("max partition allowed exceed")
 MAX_REPLICAS = 5
@@ -230,6 +241,127 @@ class Admin:
             done += 1
         if not done:
             raise AdminError(f"no nsqd has topic {topic!r}")
+
+    # ------------------------------------------------------------------ positions (youzan)
+
+    async def seek(
+        self,
+        topic: str,
+        channel: str,
+        position: StartPosition,
+        partitions: Sequence[int] | None = None,
+    ) -> list[SeekResult]:
+        """Move ``channel``'s consume position to ``position`` in every partition of
+        ``topic`` (or only in ``partitions``), through each partition's leader
+        (``POST /channel/setoffset``). One result per partition, in partition order; a
+        partition without any message is reported ``empty`` and left as it is.
+
+        nsqd forgets the channel's messages in flight (their FINs fail) and delivers again
+        from the new position, not necessarily in queue order: a reader of an exact range
+        orders by queue offset itself. Consumers already subscribed stay connected.
+
+        Raises ValidationError for bad arguments (before anything is sent),
+        UnsupportedFeatureError on classic nsqd (no queue offsets), TopicNotFoundError, and
+        AdminError (no such channel on a leader, a partition without a leader, a refused
+        position; when partitions were moved before the failure, the error names them).
+        """
+        check_topic(topic)
+        check_channel(channel)
+        setoffset_body(position)  # checks the position
+        wanted = _partition_ids(partitions)
+        await self._require_offsets("seek a channel")
+        leaders = await self._leaders(topic, wanted)
+        results: list[SeekResult] = []
+        for partition, leader in leaders.items():
+            try:
+                results.append(await self._seek_one(topic, partition, channel, position, leader))
+            except NSQError as exc:
+                if not results:
+                    raise
+                moved = ", ".join(str(r.partition) for r in results)
+                raise AdminError(
+                    f"partition {partition}: {exc} (partitions {moved} were moved to "
+                    f"{position} already)",
+                    status=getattr(exc, "status", None),
+                    url=getattr(exc, "url", ""),
+                ) from exc
+        return results
+
+    async def offsets(self, topic: str, channel: str) -> list[PartitionOffsets]:
+        """Per partition of ``topic``, in partition order: the queue's start and end, and
+        ``channel``'s consumed position, depth and lag (see
+        :class:`~smartnsq.protocol.offsets.PartitionOffsets`), read from each partition's
+        leader (``GET /stats``). A partition whose leader has no such channel has None there.
+
+        Raises UnsupportedFeatureError on classic nsqd, TopicNotFoundError, AdminError.
+        """
+        check_topic(topic)
+        check_channel(channel)
+        await self._require_offsets("read a channel's offsets")
+        leaders = await self._leaders(topic, None)
+        http = self._http()
+        return list(
+            await asyncio.gather(
+                *(
+                    read_channel_offsets(http, leader, topic, partition, channel)
+                    for partition, leader in leaders.items()
+                )
+            )
+        )
+
+    async def _require_offsets(self, what: str) -> None:
+        if not await self.is_youzan():
+            raise UnsupportedFeatureError(
+                f"cannot {what}: classic nsqd has no queue offsets (youzan nsqd only)"
+            )
+
+    async def _leaders(self, topic: str, wanted: Sequence[int] | None) -> dict[int, str]:
+        """partition -> its leader's nsqd HTTP address, for ``wanted`` (None: every one).
+        AdminError when one has no leader; ValidationError for a partition the topic lacks."""
+        layout = await self._layout(topic, "r")
+        if layout is None or (not layout.partitions and layout.partition_num == 0):
+            raise TopicNotFoundError(topic)
+        count = layout.partition_num
+        for partition in wanted or ():
+            if partition >= count:
+                raise ValidationError(
+                    "partitions", f"topic {topic!r} has partitions 0..{count - 1}, not {partition}"
+                )
+        leaders = {}
+        for partition in wanted if wanted is not None else range(count):
+            node = layout.leader(partition)
+            if node is None:
+                raise AdminError(
+                    f"partition {partition} of {topic!r} has no leader now (a failover in "
+                    "progress?); try again"
+                )
+            leaders[partition] = node.http_address
+        return leaders
+
+    async def _seek_one(
+        self,
+        topic: str,
+        partition: int,
+        channel: str,
+        position: StartPosition,
+        leader: str,
+    ) -> SeekResult:
+        """One partition; a leader that moved meanwhile is looked up again, once."""
+        try:
+            moved = await set_channel_offset(
+                self._http(), leader, topic, partition, channel, position
+            )
+        except NotLeaderError:
+            leader = (await self._leaders(topic, [partition]))[partition]
+            try:
+                moved = await set_channel_offset(
+                    self._http(), leader, topic, partition, channel, position
+                )
+            except NotLeaderError as exc:
+                raise AdminError(
+                    f"partition {partition} of {topic!r}: {exc}; its leader is changing, try again"
+                ) from exc
+        return SeekResult(partition, leader, position, empty=not moved)
 
     # ------------------------------------------------------------------ youzan
 
@@ -433,6 +565,17 @@ def _channel_names(channels: Sequence[str]) -> list[str]:
 def _check_count(field: str, value: object, maximum: int) -> None:
     if type(value) is not int or not 1 <= value <= maximum:
         raise ValidationError(field, f"must be an int in 1..{maximum}, not {value!r}")
+
+
+def _partition_ids(partitions: Sequence[int] | None) -> list[int] | None:
+    """The partitions asked for, checked and without repeats (None: every partition)."""
+    if partitions is None:
+        return None
+    if isinstance(partitions, (str, bytes)) or not isinstance(partitions, Sequence):
+        raise ValidationError("partitions", "takes a list of partition numbers")
+    if not partitions:
+        raise ValidationError("partitions", "is empty (None means every partition)")
+    return list(dict.fromkeys(check_partition(p, "partitions") for p in partitions))
 
 
 def _check_wait(wait: float | None) -> float | None:

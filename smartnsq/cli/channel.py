@@ -1,4 +1,5 @@
-"""``smartnsq channel create``: register a channel of a topic."""
+"""``smartnsq channel create``: register a channel of a topic (``seek`` and ``lag``:
+``smartnsq.cli.offsets``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from smartnsq.cli._common import (
     setup_logging,
     topic_arg,
 )
+from smartnsq.cli.offsets import register_actions
 
 __all__ = ["register"]
 
@@ -30,7 +32,7 @@ Classic nsqd: the channel is created on every nsqd that has TOPIC.
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "channel",
-        help="register a (durable) channel of a topic",
+        help="register a (durable) channel of a topic, move or show its position",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -49,6 +51,7 @@ def register(subparsers: Any) -> None:
     add_admin_options(create)
     add_verbosity(create)
     create.set_defaults(func=run_create)
+    register_actions(actions)
 
 
 def run_create(args: argparse.Namespace) -> int:

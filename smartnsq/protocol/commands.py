@@ -10,9 +10,11 @@ the server handles by reading fixed byte offsets, so it must never be split.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from itertools import chain
 from typing import Any
 
@@ -134,12 +136,27 @@ def sub_ordered(topic: str, channel: str, partition: int) -> bytes:
 
 @dataclass(frozen=True)
 class StartPosition:
-    """Where a SUB_ADVANCED subscription starts (only honoured for a channel's first client)."""
+    """A position in a youzan partition's queue, as nsqd reads it: the body of
+    ``POST /channel/setoffset`` (``Admin.seek``) and SUB_ADVANCED's start position (honoured
+    for a channel's first client only). ``str()`` gives the wire form ``<kind>:<value>``.
+
+    - :meth:`queue_offset` (``virtual_queue``): a byte offset in the queue; one inside a
+      message starts at the next message.
+    - :meth:`message_count` (``msgcount``): the n-th message, 1-based (0 also means the
+      first, as nsqd reads it).
+    - :meth:`timestamp`: the first message published at or after that unix second.
+    - :meth:`earliest` (byte offset 0: the queue's first message) and :meth:`latest` /
+      :meth:`end` (``special:-1``: after the last message).
+
+    Positions before the queue land on its first message, positions past it on its end.
+    """
 
     kind: str
     value: int
 
     _KINDS = ("timestamp", "virtual_queue", "msgcount", "special")
+    # Text forms parse() reads besides the wire kinds: earliest, latest, offset:N, message:N.
+    _ALIASES = {"offset": "virtual_queue", "message": "msgcount"}
 
     def __post_init__(self) -> None:
         if self.kind not in self._KINDS:
@@ -150,6 +167,8 @@ class StartPosition:
             raise ValidationError("start.value", "special positions only allow -1 (end)")
         if self.kind != "special" and self.value < 0:
             raise ValidationError("start.value", f"must be >= 0, got {self.value}")
+        if self.value > _INT64_MAX:
+            raise ValidationError("start.value", "must fit in a signed 64-bit integer")
 
     @classmethod
     def timestamp(cls, unix_seconds: int) -> StartPosition:
@@ -164,11 +183,64 @@ class StartPosition:
         return cls("msgcount", count)
 
     @classmethod
+    def earliest(cls) -> StartPosition:
+        return cls("virtual_queue", 0)
+
+    @classmethod
+    def latest(cls) -> StartPosition:
+        return cls("special", -1)
+
+    @classmethod
     def end(cls) -> StartPosition:
         return cls("special", -1)
 
+    @classmethod
+    def parse(cls, text: str) -> StartPosition:
+        """A position written as text: ``earliest``, ``latest``, ``offset:N``, ``message:N``,
+        ``timestamp:T`` (unix seconds, or an ISO 8601 time with its UTC offset), or a wire
+        form (``virtual_queue:N``, ``msgcount:N``, ``special:-1``)."""
+        if not isinstance(text, str):
+            raise ValidationError("position", "must be a str")
+        word = text.strip()
+        if word in ("earliest", "latest"):
+            return cls.earliest() if word == "earliest" else cls.latest()
+        kind, sep, value = word.partition(":")
+        kind = cls._ALIASES.get(kind, kind)
+        if not sep or kind not in cls._KINDS:
+            raise ValidationError(
+                "position",
+                f"{text!r}: expected earliest, latest, offset:N, message:N or timestamp:T",
+            )
+        if kind == "timestamp" and not _is_integer(value):
+            return cls("timestamp", _iso_seconds(value))
+        if not _is_integer(value):
+            raise ValidationError("position", f"{text!r}: {value!r} is not an integer")
+        return cls(kind, int(value))
+
     def __str__(self) -> str:
         return f"{self.kind}:{self.value}"
+
+
+_INT64_MAX = (1 << 63) - 1
+
+
+def _is_integer(text: str) -> bool:
+    digits = text[1:] if text[:1] == "-" else text
+    return digits.isascii() and digits.isdigit()
+
+
+def _iso_seconds(text: str) -> int:
+    """Unix seconds of an ISO 8601 time that states its UTC offset (``Z`` allowed)."""
+    iso = text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text
+    try:
+        moment = datetime.fromisoformat(iso)
+    except ValueError:
+        raise ValidationError(
+            "position", f"timestamp {text!r}: expected unix seconds or an ISO 8601 time"
+        ) from None
+    if moment.tzinfo is None:
+        raise ValidationError("position", f"timestamp {text!r} has no UTC offset (add Z or +HH:MM)")
+    return math.floor(moment.timestamp())
 
 
 def sub_advanced(

@@ -64,12 +64,18 @@ from smartnsq.testing.golang import (
     JsonValue,
     byte_to_base10,
     go_parse_bool,
-    go_parse_int,
     go_quote,
     json_get_string,
     json_keys,
     parse_json,
     to_int64,
+)
+from smartnsq.testing.offsets import (
+    ConsumeOffset,
+    OffsetError,
+    locate_position,
+    parse_position,
+    seek_channel,
 )
 from smartnsq.testing.publish import (
     TAG_KEY,
@@ -765,25 +771,17 @@ class ClientSession(asyncio.BufferedProtocol):
             channel.make_ordered()
         return self._join(channel, detail=kind != "SUB", ext=topic.ext)
 
-    def _apply_start(self, channel: Channel, start: tuple[str, int]) -> None:
-        kind, value = start
+    def _apply_start(self, channel: Channel, start: ConsumeOffset) -> None:
+        """internalSUB's SetChannelOffset (the same search as ``/channel/setoffset``), for
+        the channel's first client only; nsqd refuses a position it cannot place with a fatal
+        E_INVALID. The first messages keep their queue order (see ``testing.offsets``)."""
         if channel.clients or channel.in_flight:
             return  # only honoured for the first client of a channel
-        records = channel.log
-        if kind == "special":
-            if value != -1:
-                raise ClientError("E_INVALID", "not supported offset type")
-            channel.next_index = len(records.records)
-        elif value < 0:
-            # nsqd's coordinator refuses it; the text here is the emulator's own
-            raise ClientError("E_INVALID", f"invalid consume offset: {kind}:{value}")
-        elif kind == "msgcount":
-            channel.next_index = min(value, len(records.records))
-        elif kind == "virtual_queue":
-            channel.next_index = records.index_for_offset(value)
-        else:
-            channel.next_index = records.index_for_timestamp(value)
-        channel.requeue.clear()
+        try:
+            index = locate_position(channel.log, start)
+        except OffsetError as exc:
+            raise ClientError("E_INVALID", str(exc)) from None
+        seek_channel(channel, index, reorder=False)
 
     def _join(self, channel: Channel, *, detail: bool, ext: bool) -> bytes:
         self.channel = channel
@@ -1277,17 +1275,11 @@ def _partition_arg(data: bytes) -> int:
         raise ClientError("E_BAD_PARTITION", f"topic partition is not valid: {exc}") from None
 
 
-_OFFSET_KINDS = frozenset({b"timestamp", b"special", b"virtual_queue", b"msgcount"})
-
-
-def _consume_offset(data: bytes) -> tuple[str, int]:
+def _consume_offset(data: bytes) -> ConsumeOffset:
     """SUB_ADVANCED's start position ``<type>:<value>`` (ConsumeOffset.FromBytes)."""
-    parts = data.split(b":")
-    if len(parts) != 2 or parts[0] not in _OFFSET_KINDS:
-        raise ClientError("E_INVALID", "invalid consume offset:" + _arg(data))
     try:
-        return parts[0].decode(), go_parse_int(parts[1])
-    except ValueError as exc:
+        return parse_position(data)
+    except OffsetError as exc:
         raise ClientError("E_INVALID", str(exc)) from None
 
 

@@ -5,7 +5,8 @@ and the nsqd sources): the same order of checks, statuses, envelopes and error s
 publishing rules themselves live in :mod:`smartnsq.testing.publish`, shared with TCP.
 
 youzan: ``GET /ping``, ``GET /info``, ``POST /pub``, ``/pub_ext``, ``/mpub`` (negotiated
-envelope), ``POST /pubtrace`` (v1), ``GET /stats`` (negotiated), ``POST /channel/create`` (v1).
+envelope), ``POST /pubtrace`` (v1), ``GET /stats`` (negotiated), ``POST /channel/create`` (v1),
+``POST /channel/setoffset`` (v1; the rules in :mod:`smartnsq.testing.offsets`).
 Classic: ``GET /ping``, ``GET /info``, ``POST /pub``, ``/mpub``, ``GET /stats``,
 ``POST /topic/create``, ``/topic/delete``, ``/channel/create`` (all v1, as nsqd 1.x answers).
 """
@@ -26,6 +27,7 @@ from smartnsq.testing.http import (
     dispatch,
 )
 from smartnsq.testing.nsqd_stats import StatsQuery, classic_stats, stats_text, youzan_stats
+from smartnsq.testing.offsets import OffsetError, locate_position, parse_position, seek_channel
 from smartnsq.testing.publish import (
     PublishError,
     append_message,
@@ -70,6 +72,7 @@ class NsqdHttpApi:
                 "/mpub": Route(_POST, self._mpub, Mode.NEGOTIATE),
                 "/stats": Route(_GET, self._stats, Mode.NEGOTIATE),
                 "/channel/create": Route(_POST, self._channel_create, Mode.V1),
+                "/channel/setoffset": Route(_POST, self._channel_setoffset, Mode.V1),
             }
         else:
             self.routes = {
@@ -126,17 +129,18 @@ class NsqdHttpApi:
     # ------------------------------------------------------------------ youzan publish
 
     def _topic_partition(
-        self, request: Request, *, channel: bool = False
+        self, request: Request, *, channel: bool = False, missing_partition: int = -1
     ) -> tuple[Topic, Partition]:
         """nsqd's getExistingTopic(Channel)FromQuery: argument errors are 400 (with the text
-        of Go's error), a partition this node does not hold is 404 E_TOPIC_NOT_EXIST."""
+        of Go's error), a partition this node does not hold is 404 E_TOPIC_NOT_EXIST.
+        ``missing_partition``: the partition when the argument is absent or empty."""
         name = request.arg("topic") or ""
         if not name:
             raise ApiError(400, "MISSING_ARG_TOPIC")
         if not valid_name(name):
             raise ApiError(400, "INVALID_ARG_TOPIC")
         text = request.arg("partition") or ""
-        partition_id = -1
+        partition_id = missing_partition
         if text:
             try:
                 partition_id = go_atoi(text)
@@ -273,6 +277,34 @@ class NsqdHttpApi:
             raise _error(400, exc) from None
         self.node.topology.ensure_channel(partition.log, _channel_arg(request))
 
+    def _channel_setoffset(self, request: Request) -> None:
+        """doSetChannelOffset: the query (GetTopicPartitionArgs takes partition 0 when it is
+        absent), the channel on this node (a replica holds its copy), the body, then the
+        leader check; a position the search cannot place is 500 with nsqd's text."""
+        _, partition = self._topic_partition(request, channel=True, missing_partition=0)
+        name = _channel_arg(request)
+        node = self.node.index
+        live = partition.leader == node
+        if name not in (partition.log.channels if live else partition.copies_on(node)):
+            raise ApiError(404, "CHANNEL_NOT_FOUND")
+        if not request.body:
+            raise ApiError(406, "MSG_EMPTY")
+        try:
+            position = parse_position(request.body)
+        except OffsetError as exc:
+            raise ApiError(400, _go_text(exc)) from None
+        try:
+            check_leader(partition, node)
+        except PublishError as exc:
+            raise _error(400, exc) from None
+        channel = partition.log.channels[name]
+        try:
+            index = locate_position(partition.log, position)
+        except OffsetError as exc:
+            raise ApiError(500, _go_text(exc)) from None
+        seek_channel(channel, index, reorder=True)
+        self.node.changes.changed()
+
     # ------------------------------------------------------------------ classic
 
     def _classic_topic(self, request: Request) -> PartitionLog:
@@ -347,6 +379,11 @@ def _channel_arg(request: Request) -> str:
     if not valid_name(channel):
         raise ApiError(400, "INVALID_ARG_CHANNEL")
     return channel
+
+
+def _go_text(exc: Exception) -> str:
+    """An error text as Go's JSON encoder writes it (bytes that are not UTF-8 replaced)."""
+    return str(exc).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def _go_bool(text: str, default: bool = False) -> bool:

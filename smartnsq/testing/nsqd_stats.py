@@ -183,16 +183,21 @@ def _unmeasured_channel_fields() -> dict[str, Any]:
 
 
 def _youzan_channel(node: NsqdNode, channel: Channel) -> dict[str, Any]:
-    # youzan counts a message in the depth until it is confirmed, so in-flight ones too
-    depth = channel.depth + len(channel.in_flight)
+    # youzan's depth counts from the confirmed position (the first unfinished message) to
+    # the end, so in-flight messages and those finished after them too; depth_size is the
+    # same span in bytes (diskQueueReader.updateDepth); backlogs the messages not read yet
+    # plus the deferred ones (Channel.Backlogs).
+    log_ = channel.log
+    confirmed = channel.confirmed_index()
+    depth = len(log_.records) - confirmed
     oldest = _oldest_unfinished_ns(channel)
     mine = _clients_of(node, channel)
     clients = [_youzan_client(c, channel) for c in mine]
     return {
         "channel_name": channel.name,
-        "backlogs": depth,
+        "backlogs": len(log_.records) - channel.next_index + len(channel.deferred),
         "depth": depth,
-        "depth_size": _unfinished_bytes(channel),
+        "depth_size": _bytes_from(log_, confirmed),
         "depth_ts": go_time(oldest),
         "depth_ts_nano": oldest,
         "backend_depth": depth,
@@ -218,7 +223,7 @@ def _replica_channel(copy: ChannelCopy, log_: PartitionLog) -> dict[str, Any]:
     start = copy.position()
     depth = len(records) - start
     oldest = records[start].timestamp if start < len(records) else 0
-    size = log_.end_offset - records[start].offset if start < len(records) else 0
+    size = _bytes_from(log_, start)
     return {
         "channel_name": copy.name,
         "backlogs": depth,
@@ -241,14 +246,10 @@ def _replica_channel(copy: ChannelCopy, log_: PartitionLog) -> dict[str, Any]:
     }
 
 
-def _unfinished_bytes(channel: Channel) -> int:
-    log_ = channel.log
-    total = 0
-    if channel.next_index < len(log_.records):
-        total += log_.end_offset - log_.records[channel.next_index].offset
-    for delivery in channel.iter_unfinished():
-        total += delivery.record.raw_size
-    return total
+def _bytes_from(log_: PartitionLog, index: int) -> int:
+    """The queue's bytes from log index ``index`` to its end."""
+    records = log_.records
+    return log_.end_offset - records[index].offset if index < len(records) else 0
 
 
 def _oldest_unfinished_ns(channel: Channel) -> int:

@@ -641,6 +641,28 @@ class Channel:
         self.next_deadline = float("inf")
         self.schedule_pump()
 
+    def move_reader(self, index: int, reread: list[int] | None = None) -> None:
+        """The consume position moves to log index ``index`` (a seek, or a SUB_ADVANCED
+        start): what youzan's reader reset does (drainChannelWaiting, nsqd/channel.go). The
+        messages in flight are forgotten, their owners' in-flight counts released (a later
+        FIN of one fails unless it is delivered again); requeued and deferred ones are
+        dropped. ``reread``: the log indexes from ``index`` on that go out first, in that
+        order (the rule choosing it lives in ``testing.offsets``)."""
+        for delivery in self.in_flight.values():
+            if delivery.client is not None:
+                delivery.client.in_flight -= 1
+                delivery.client = None
+        self.in_flight.clear()
+        self.requeue.clear()
+        self.deferred.clear()
+        self.next_deadline = float("inf")
+        self._echo_next = False
+        records = self.log.records
+        first = reread or []
+        self.requeue.extend(Delivery(records[i]) for i in first)
+        self.next_index = index + len(first)
+        self.schedule_pump()
+
     def iter_unfinished(self) -> Iterator[Delivery]:
         yield from self.in_flight.values()
         yield from self.requeue

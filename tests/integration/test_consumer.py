@@ -458,7 +458,7 @@ async def test_sub_advanced_start_position(cluster: Cluster) -> None:
         "events",
         handler=seen.append,
         partitions=[0],
-        start=StartPosition.message_count(3),
+        start=StartPosition.message_count(4),  # 1-based: the 4th message
     ):
         await cluster.wait_for(lambda: len(seen) == 2)
     assert [m.body for m in seen] == [b"old-3", b"old-4"]

@@ -1,0 +1,123 @@
+"""Queue positions in the pure floor: StartPosition's text forms, and the offsets read from
+nsqd's /stats (the recorded answer, nsqd_stats_ptest.v1.json)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from smartnsq.errors import ProtocolError, ValidationError
+from smartnsq.protocol.commands import StartPosition
+from smartnsq.protocol.offsets import (
+    PartitionOffsets,
+    parse_partition_offsets,
+    setoffset_body,
+    setoffset_params,
+    stats_params,
+    v1_error_message,
+)
+
+RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "nsqd_http"
+
+
+@pytest.mark.parametrize(
+    ("text", "wire"),
+    [
+        ("earliest", "virtual_queue:0"),
+        ("latest", "special:-1"),
+        (" latest ", "special:-1"),
+        ("offset:1960", "virtual_queue:1960"),
+        ("message:50", "msgcount:50"),
+        ("timestamp:1795235396", "timestamp:1795235396"),
+        ("timestamp:2026-11-24T10:00:00Z", "timestamp:1795514400"),
+        ("timestamp:2026-11-24T11:00:00.9+01:00", "timestamp:1795514400"),
+        ("virtual_queue:5", "virtual_queue:5"),
+        ("msgcount:0", "msgcount:0"),
+        ("special:-1", "special:-1"),
+    ],
+)
+def test_parse(text: str, wire: str) -> None:
+    position = StartPosition.parse(text)
+    assert str(position) == wire
+    assert StartPosition.parse(str(position)) == position
+    assert setoffset_body(position) == wire.encode()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "first",
+        "offset",
+        "offset:",
+        "offset:-1",
+        "offset:1.5",
+        "message:x",
+        "special:0",
+        "timestamp:2026-11-24T10:00:00",  # no UTC offset
+        "timestamp:yesterday",
+        "offset:9223372036854775808",
+    ],
+)
+def test_parse_refuses(text: str) -> None:
+    with pytest.raises(ValidationError):
+        StartPosition.parse(text)
+
+
+def test_the_named_positions() -> None:
+    assert StartPosition.earliest() == StartPosition.queue_offset(0)
+    assert StartPosition.latest() == StartPosition.end() == StartPosition("special", -1)
+
+
+def test_request_arguments_are_checked() -> None:
+    assert setoffset_params("t", 2, "c") == {"topic": "t", "partition": "2", "channel": "c"}
+    assert stats_params("t", 0, "c")["format"] == "json"
+    with pytest.raises(ValidationError):
+        setoffset_params("t", -1, "c")
+    with pytest.raises(ValidationError):
+        setoffset_body("earliest")  # type: ignore[arg-type]
+
+
+def test_offsets_from_the_recorded_stats() -> None:
+    payload = json.loads((RECORDED / "nsqd_stats_ptest.v1.json").read_text())
+    offsets = parse_partition_offsets(payload, "ptest", 0, "init", "nsqd2:4151")
+    # ten 38-byte messages, channel "init" at the start
+    assert offsets == PartitionOffsets(0, "nsqd2:4151", 0, 380, position=0, depth=10)
+    assert offsets.lag == 380
+    missing = parse_partition_offsets(payload, "ptest", 0, "other", "nsqd2:4151")
+    assert (missing.end, missing.position, missing.depth, missing.lag) == (380, None, None, None)
+    with pytest.raises(ProtocolError, match="does not list partition ptest-1"):
+        parse_partition_offsets(payload, "ptest", 1, "init", "nsqd2:4151")
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        None,
+        {"topics": None},
+        {"topics": [{"topic_name": "t", "topic_partition": "0", "backend_start": "0"}]},
+        {"topics": [{"topic_name": "t", "topic_partition": "0", "backend_start": 0}]},
+        {
+            "topics": [
+                {
+                    "topic_name": "t",
+                    "topic_partition": "0",
+                    "backend_start": 0,
+                    "backend_depth": 10,
+                    "channels": [{"channel_name": "c", "depth": True, "depth_size": 0}],
+                }
+            ]
+        },
+    ],
+)
+def test_stats_of_the_wrong_shape(payload: object) -> None:
+    with pytest.raises(ProtocolError):
+        parse_partition_offsets(payload, "t", 0, "c", "n:1")
+
+
+def test_v1_error_bodies_that_are_not_json() -> None:
+    body = b'{"message":"strconv.ParseInt: parsing "x": invalid syntax"}'
+    assert v1_error_message(body) == 'strconv.ParseInt: parsing "x": invalid syntax'
+    assert v1_error_message(b"<html>") is None
