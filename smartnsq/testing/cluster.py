@@ -349,8 +349,12 @@ class Cluster:
         ``disable_channel_auto_create``, True by default when channels are given: consumers
         may then subscribe to registered channels only. Without channels, a consumer's SUB
         creates its channel, at the topic's end and on the partition leader only.
-        ``placement`` maps partition -> nodes holding it, leader first; by default partitions
-        are spread round-robin over the live nodes.
+        ``placement`` maps partition -> nodes holding it, leader first. By default they are
+        placed as nsqlookupd places them: a plain topic's partitions on nodes of their own
+        (a node holding a replica of one leads none of the others), an ordered or
+        multi-part one, or a plain one bigger than the cluster (which a real nsqlookupd
+        refuses; this API allows it for small test clusters), round-robin over the live
+        nodes.
         """
         topic = self.create_topic_now(
             name,

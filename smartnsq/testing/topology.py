@@ -187,7 +187,7 @@ class Topology:
         runs. ``channels`` are registered. With ``strict_placement``, partitions x replicas
         may not exceed the live nodes unless several partitions may share a node, as the
         real lookupd checks. ``placement`` maps partition -> nodes, leader first; by default
-        partitions are spread round-robin over the live nodes.
+        see :func:`_default_placement`.
 
         TopicRefused (nsqlookupd's texts) for a topic that exists with another shape, and
         for one it cannot place."""
@@ -239,11 +239,10 @@ class Topology:
         )
         if placement is not None:
             self._check_placement(placement, partitions, replicas)
+        else:
+            placement = _default_placement(alive, partitions, replicas, ordered or multi_part)
         for pid in range(partitions):
-            if placement is not None:
-                members = list(placement[pid])
-            else:
-                members = [alive[(pid + k) % len(alive)] for k in range(replicas)]
+            members = list(placement[pid])
             log_ = PartitionLog(pid, ext=ext, classic=False, topic_name=name)
             partition = Partition(topic, pid, members, members[0], log_)
             topic.partitions[pid] = partition
@@ -608,3 +607,22 @@ class Topology:
         if alive:
             self._set_leader(partition, alive[0])
         # else: no replica left; the dead leader leads again when it comes back
+
+
+def _default_placement(
+    alive: Sequence[int], partitions: int, replicas: int, multi: bool
+) -> dict[int, list[int]]:
+    """partition -> nodes, leader first, as nsqlookupd's allocTopicLeaderAndISR places a new
+    topic: a plain topic on nodes of its own (no node holds two of its partitions), the
+    leaders first, then each partition's other replicas on the next unused nodes. An ordered
+    or multi-part topic (``multi``), or a plain one too big for that (which only the lenient
+    Python API creates), goes round-robin over the live nodes, so partitions share nodes."""
+    if not multi and partitions * replicas <= len(alive):
+        spare = iter(alive[partitions:])
+        return {
+            pid: [alive[pid], *(next(spare) for _ in range(replicas - 1))]
+            for pid in range(partitions)
+        }
+    return {
+        pid: [alive[(pid + k) % len(alive)] for k in range(replicas)] for pid in range(partitions)
+    }
