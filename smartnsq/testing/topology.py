@@ -207,6 +207,7 @@ class Topology:
                 existing.partition_num == partitions
                 and existing.replica == replicas
                 and existing.ordered == ordered
+                and existing.multi_part == multi_part
                 and existing.ext == ext
                 and existing.disable_channel_auto_create == disable_channel_auto_create
             )
