@@ -682,7 +682,11 @@ class Partition:
 
     The log's ``channels`` are the leader's (live, serving); ``copies`` are the other
     replicas' channels, per node: a channel a SUB creates exists on the leader only until the
-    leader syncs its consume offset (on a FIN), and a registered one on every replica."""
+    leader syncs its consume offset (on a FIN), and a registered one on every replica.
+
+    ``writable``: the leader takes writes. That needs ``in_sync`` (a live leader and a
+    majority of in-sync replicas, which FINs on ordered channels need too) and, for a topic
+    created through nsqlookupd, its first topic check (``awaiting_check`` until then)."""
 
     topic: Topic
     id: int
@@ -690,7 +694,9 @@ class Partition:
     leader: int | None
     log: PartitionLog
     writable: bool = True
+    in_sync: bool = True
     forced_unwritable: bool = False
+    awaiting_check: bool = False
     copies: dict[int, dict[str, ChannelCopy]] = field(default_factory=dict)
 
     def copies_on(self, node: int) -> dict[str, ChannelCopy]:

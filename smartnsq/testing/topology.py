@@ -182,12 +182,14 @@ class Topology:
         disable_channel_auto_create: bool | None = None,
         strict_placement: bool = False,
         placement: Mapping[int, Sequence[int]] | None = None,
+        awaiting_check: bool = False,
     ) -> Topic:
         """Create a youzan topic (or return the same one): what nsqlookupd ``/topic/create``
         runs. ``channels`` are registered. With ``strict_placement``, partitions x replicas
         may not exceed the live nodes unless several partitions may share a node, as the
         real lookupd checks. ``placement`` maps partition -> nodes, leader first; by default
-        see :func:`_default_placement`.
+        see :func:`_default_placement`. With ``awaiting_check`` (nsqlookupd's own creation)
+        the partitions take writes only after the next topic check (:meth:`run_topic_check`).
 
         TopicRefused (nsqlookupd's texts) for a topic that exists with another shape, and
         for one it cannot place."""
@@ -246,6 +248,9 @@ class Topology:
             members = list(placement[pid])
             log_ = PartitionLog(pid, ext=ext, classic=False, topic_name=name)
             partition = Partition(topic, pid, members, members[0], log_)
+            if awaiting_check:
+                partition.awaiting_check = True
+                self._update_writable(partition)
             topic.partitions[pid] = partition
             self._partitions_by_log[id(log_)] = partition
         self.topics[name] = topic
@@ -426,19 +431,34 @@ class Topology:
 
     def _update_writable(self, partition: Partition) -> None:
         alive = self._alive_replicas(partition)
-        partition.writable = (
+        partition.in_sync = (
             partition.leader is not None
             and partition.leader in alive
             and len(alive) >= self._quorum(partition)
             and not partition.forced_unwritable
         )
+        partition.writable = partition.in_sync and not partition.awaiting_check
 
     def set_writable(self, topic: str, partition: int, writable: bool) -> None:
-        """Make a partition refuse writes (E_FAILED_ON_NOT_WRITABLE) or take them again."""
+        """Make a partition lose its in-sync majority, as during a failover's catch-up
+        (publishes and FINs on ordered channels get E_FAILED_ON_NOT_WRITABLE), or regain it."""
         part = self.partition(topic, partition)
         part.forced_unwritable = not writable
         self._update_writable(part)
         self._changes.changed()
+
+    def run_topic_check(self) -> None:
+        """nsqlookupd's full topic check: topics created through it take writes from now on
+        (see :mod:`~smartnsq.testing.checks`)."""
+        changed = False
+        for topic in self.topics.values():
+            for part in topic.partitions.values():
+                if part.awaiting_check:
+                    part.awaiting_check = False
+                    self._update_writable(part)
+                    changed = True
+        if changed:
+            self._changes.changed()
 
     def _set_leader(self, partition: Partition, leader: int, *, restarted: bool = False) -> None:
         """Make ``leader`` serve the partition. Consumers of the old leader are detached.

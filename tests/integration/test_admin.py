@@ -27,10 +27,16 @@ from smartnsq.testing import Cluster
 V1 = {"Accept": "application/vnd.nsq; version=1.0"}
 
 
+# nsqlookupd's topic checks every 5 s instead of 60: a topic created through it takes writes
+# after a check, which may come 0.5 s after the last instead of 6 (test_cluster_topic_checks.py
+# runs the real timing).
+CHECKS = {"topic_check_interval": 5.0}
+
+
 @pytest.fixture
 async def cluster() -> AsyncIterator[Cluster]:
     # partitions x replicas may not exceed the nodes (nsqlookupd's rule, unless ordered)
-    async with Cluster(nodes=4, lookupds=2) as c:
+    async with Cluster(nodes=4, lookupds=2, **CHECKS) as c:
         yield c
 
 
@@ -101,7 +107,7 @@ async def test_a_topic_that_cannot_be_placed_is_refused_in_words_before_sending(
     one node per replica of every partition: Admin counts the nodes (/nodes) and says so
     before posting, with what would fit (docker_real_images.txt: a 2x2 plain topic on the
     3-node compose cluster got "ErrType:9 ErrCode:1 : No node is available for topic")."""
-    async with Cluster(nodes=3) as cluster, Admin([cluster.lookupd_url]) as admin:
+    async with Cluster(nodes=3, **CHECKS) as cluster, Admin([cluster.lookupd_url]) as admin:
         with pytest.raises(PlacementError) as caught:
             await admin.create_topic("t", 2, 2)
         error = caught.value
