@@ -536,6 +536,17 @@ class Cluster:
         self._topology.set_writable(topic, partition, writable)
         await asyncio.sleep(0)
 
+    def set_ordered_echo_late(self, topic: str, channel: str, late: bool = True) -> None:
+        """youzan sends a channel's first ordered message twice (its first ``SUB_ORDERED``,
+        while a message waits). With this fault, as real youzan sometimes does, the second
+        copy is put in flight only once the client's first answer to that id (FIN, REQ or
+        TOUCH) has arrived: that answer fails, non-fatal, as not in flight
+        (``E_FIN_FAILED FIN [...] failed ErrType:7 ErrCode:0 : Message ID not in flight``),
+        and the message is in flight from then on, holding the ordered partition until it
+        is answered again or its msg_timeout passes. Applies to ``channel`` of every
+        partition of ``topic`` that turns ordered from now on; ``late=False`` ends it."""
+        self._topology.set_ordered_echo_late(topic, channel, late)
+
     async def stop_node(self, index: int) -> None:
         """Stop a node like a crash. Partitions it led fail over to a live replica after
         ``failover_delay`` seconds (writable only with a majority of replicas alive)."""

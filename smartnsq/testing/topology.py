@@ -86,6 +86,7 @@ class Topology:
         self._records: dict[tuple[str, str], ChannelRecord] = {}
         self._failovers: dict[tuple[str, int], Cancellable] = {}
         self._scheduler: Scheduler | None = None
+        self._late_echoes: set[tuple[str, str]] = set()  # (topic, channel): see Channel
 
     def start(self, scheduler: Scheduler) -> None:
         """The cluster started: timers can run."""
@@ -350,6 +351,7 @@ class Topology:
             clock=time.monotonic,
             record=record,
         )
+        channel.late_echo = (log_.topic_name, name) in self._late_echoes
         partition = self._partitions_by_log.get(id(log_))
         if partition is not None:
             leader = partition.leader
@@ -379,6 +381,20 @@ class Topology:
                 copies[channel.name] = ChannelCopy(channel.name, channel.start_index, channel)
             else:
                 copy.follows = channel
+
+    def set_ordered_echo_late(self, topic: str, channel: str, late: bool) -> None:
+        """The fault :attr:`Channel.late_echo` on ``channel`` of every partition of
+        ``topic``, now and when the channel is opened again (a new leader's)."""
+        check_channel(channel)
+        found = self.topic(topic)
+        if late:
+            self._late_echoes.add((topic, channel))
+        else:
+            self._late_echoes.discard((topic, channel))
+        for partition in found.partitions.values():
+            live = partition.log.channels.get(channel)
+            if live is not None:
+                live.late_echo = late
 
     def client_left(self, channel: Channel) -> None:
         """A client left ``channel``: an ephemeral channel without clients is deleted."""
