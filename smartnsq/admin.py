@@ -180,13 +180,6 @@ class Admin:
             await self._classic_create(topic, names)
             return
         multi = ordered or multi_part
-        nodes = await self._node_count()
-        problem = _placement_problem(partitions, replicas, multi, nodes)
-        if problem is not None and nodes is not None:
-            field, message = problem
-            raise PlacementError(
-                field, message, partitions=partitions, replicas=replicas, nodes=nodes
-            )
         wanted_meta = TopicMeta(
             partition_num=partitions,
             replica=replicas,
@@ -195,23 +188,29 @@ class Admin:
             multi_part=multi_part,
             disable_channel_auto_create=disable_channel_auto_create,
         )
-        try:
-            await self._post_leader("/topic/create", _create_params(topic, wanted_meta))
-        except AdminError as exc:
+        nodes = await self._node_count()
+        problem = _placement_problem(partitions, replicas, multi, nodes)
+        if problem is not None:
+            # Placed already, with the same settings (and a node down since, say)? Fine.
             existing = await self._existing_meta(topic)
             if existing is None:
-                if _NO_NODE in exc.message:
-                    raise _refused_placement(
-                        exc, topic, partitions, replicas, multi, nodes
-                    ) from exc
-                raise
-            if _differs(existing, wanted_meta):
-                raise AdminError(
-                    f"topic {topic!r} exists with other settings ({_describe(existing)}); "
-                    f"asked for {_describe(wanted_meta)}",
-                    status=exc.status,
-                    url=exc.url,
-                ) from exc
+                field, message = problem
+                raise PlacementError(
+                    field, message, partitions=partitions, replicas=replicas, nodes=nodes
+                )
+            _check_same(topic, existing, wanted_meta, None)
+        else:
+            try:
+                await self._post_leader("/topic/create", _create_params(topic, wanted_meta))
+            except AdminError as exc:
+                existing = await self._existing_meta(topic)
+                if existing is None:
+                    if _NO_NODE in exc.message:
+                        raise _refused_placement(
+                            exc, topic, partitions, replicas, multi, nodes
+                        ) from exc
+                    raise
+                _check_same(topic, existing, wanted_meta, exc)
         for name in names:
             await self._register_channel(topic, name)
         if wait is not None:
@@ -510,6 +509,19 @@ def _check_wait(wait: float | None) -> float | None:
     if type(wait) not in (int, float) or not wait >= 0:
         raise ValidationError("wait", "must be None or a number of seconds >= 0")
     return float(wait)
+
+
+def _check_same(
+    topic: str, existing: TopicMeta, wanted: TopicMeta, refusal: AdminError | None
+) -> None:
+    """An existing topic is fine when it has the settings asked for."""
+    if _differs(existing, wanted):
+        raise AdminError(
+            f"topic {topic!r} exists with other settings ({_describe(existing)}); "
+            f"asked for {_describe(wanted)}",
+            status=refusal.status if refusal is not None else None,
+            url=refusal.url if refusal is not None else "",
+        ) from refusal
 
 
 def _differs(existing: TopicMeta, wanted: TopicMeta) -> bool:

@@ -144,6 +144,17 @@ async def test_a_topic_that_cannot_be_placed_is_refused_in_words_before_sending(
             await admin.create_topic("one", 1, 2)  # nsqlookupd compares multi-part too
 
 
+async def test_an_existing_topic_is_fine_with_a_node_down() -> None:
+    """Creating a topic that exists with the same settings is not an error, also while the
+    cluster has fewer nodes than a new one would need."""
+    async with Cluster(nodes=3, **CHECKS) as cluster, Admin([cluster.lookupd_url]) as admin:
+        await admin.create_topic("t", 1, 3, channels=["c"])
+        await cluster.stop_node(2)
+        await admin.create_topic("t", 1, 3, channels=["c"])  # 2 of its 3 replicas: writable
+        with pytest.raises(PlacementError, match="3 replicas asked, but the cluster has 2"):
+            await admin.create_topic("u", 1, 3)
+
+
 async def test_nsqlookupds_placement_refusal_is_said_in_words(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
