@@ -204,6 +204,14 @@ class Topology:
         names = [check_channel(channel) for channel in channels]
         disable_channel_auto_create = check_auto_create(bool(names), disable_channel_auto_create)
         alive = [n.index for n in self._nodes if n.running]
+        if strict_placement:
+            # nsqlookupd's CreateTopic checks the partition limit and the live nodes before
+            # it looks for the topic: a topic that exists is refused too when nodes are down.
+            if partitions >= 255:
+                raise TopicRefused("max partition allowed exceed")
+            multi = ordered or multi_part
+            if replicas > len(alive) or (partitions * replicas > len(alive) and not multi):
+                raise TopicRefused(NO_NODE)
         existing = self.topics.get(name)
         if existing is not None:
             same = (
@@ -221,16 +229,10 @@ class Topology:
                     self.register_channel(name, channel)
             return existing
         if partitions >= 255:
-            # the coordinator's own limit, checked after the HTTP arguments
             raise TopicRefused("max partition allowed exceed")
-        # The real cluster refuses more partitions x replicas than nodes unless several
-        # partitions may share a node; the Python API is lenient (tests want small clusters).
-        too_big = replicas > len(alive) or (
-            strict_placement and partitions * replicas > len(alive) and not (ordered or multi_part)
-        )
-        if too_big:
-            if strict_placement:
-                raise TopicRefused(NO_NODE)
+        # The Python API is lenient: more partitions x replicas than nodes are placed
+        # round-robin (tests want small clusters), but every replica needs a node.
+        if replicas > len(alive):
             raise ClusterError(f"{replicas} replicas need as many live nodes ({len(alive)} alive)")
         topic = Topic(
             name,

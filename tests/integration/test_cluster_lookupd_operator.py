@@ -432,3 +432,18 @@ async def test_topic_create_places_as_nsqlookupd_does(
             assert (answer.status_code, answer.content) == (400, NO_NODE_BODY)
             assert answer.headers[V1_CONTENT[0]] == V1_CONTENT[1]
             assert "t" not in cluster.topics
+
+
+async def test_topic_create_checks_the_nodes_before_the_topic() -> None:
+    """nsqlookupd's CreateTopic counts the live nodes before it looks for the topic: posting
+    an existing topic again, same settings, is refused while too few nodes are up."""
+    params = {"topic": "t", "partition_num": 1, "replicator": 3}
+    async with Cluster(nodes=3) as cluster, httpx.AsyncClient(timeout=5) as http:
+        url = cluster.lookupd_url + "/topic/create"
+        _done(await http.post(url, params=params, headers=V1))
+        _done(await http.post(url, params=params, headers=V1))
+        await cluster.stop_node(2)
+        answer = await http.post(url, params=params, headers=V1)
+        assert (answer.status_code, answer.content) == (400, NO_NODE_BODY)
+        await cluster.start_node(2)
+        _done(await http.post(url, params=params, headers=V1))
