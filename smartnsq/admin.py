@@ -220,7 +220,8 @@ class Admin:
         """Register ``channel`` on ``topic`` (youzan: a durable channel, on a topic created
         with ``disable_channel_auto_create``; classic: created on every nsqd that has the
         topic). Registering a channel twice is not an error. ``wait``: seconds to wait until
-        nsqlookupd lists the channel (None: do not wait)."""
+        nsqlookupd lists the channel and the topic's partitions take writes (None: do not
+        wait)."""
         check_topic(topic)
         check_channel(channel)
         wait = _check_wait(wait)
