@@ -36,6 +36,7 @@ from smartnsq.errors import (
     NotLeaderError,
     NSQError,
     NSQTimeoutError,
+    PlacementError,
     ProtocolError,
     TopicNotFoundError,
     UnsupportedFeatureError,
@@ -72,7 +73,12 @@ MAX_REPLICAS = 5
 _NOT_LEADER = ("E_FAILED_ON_NOT_LEADER", "Not nsqlookup leader")
 _ALREADY_REGISTERED = "already registered"
 _AUTO_CREATE_ALLOWED = "channel auto create NOT disabled"
+_NO_NODE = "No node is available for topic"  # the coordinator cannot place the topic
+_KEY_NOT_FOUND = "Key not found"  # the coordinator does not know the topic
 _POLL = 0.1  # seconds between readiness checks of a created topic
+# Seconds between two posts of a created topic while it has leaders but takes no writes: each
+# asks nsqlookupd for the topic check that makes it writable (see _wait_ready).
+_REPOST = 2.0
 
 
 class Admin:
@@ -145,6 +151,7 @@ class Admin:
         *,
         ordered: bool = False,
         ext: bool = False,
+        multi_part: bool = False,
         channels: Sequence[str] = (),
         disable_channel_auto_create: bool | None = None,
         wait: float | None = 30.0,
@@ -152,16 +159,22 @@ class Admin:
         """Create ``topic`` and register ``channels`` on it.
 
         youzan: ``partitions`` x ``replicas`` placed by the nsqlookupd leader; ``ordered``
-        (orderedmulti) and ``ext`` (JSON ext headers) topics. ``channels`` are registered
-        durably, which needs ``disable_channel_auto_create`` (True by default when channels
-        are given): consumers may then subscribe only to registered channels. ``wait``
-        (seconds, None: do not wait) waits until every partition has a leader and, with
-        channels, can take writes.
+        (orderedmulti), ``multi_part`` (multipart) and ``ext`` (JSON ext headers) topics.
+        Every replica of a partition needs an nsqd node of its own, and a plain topic
+        (neither ordered nor multi-part) one node per replica of every partition:
+        ``partitions x replicas <= nodes``. A topic that cannot be placed raises
+        :class:`~smartnsq.errors.PlacementError`, saying what would fit: before sending
+        when nsqlookupd lists its nodes, else from nsqlookupd's refusal.
+
+        ``channels`` are registered durably, which needs ``disable_channel_auto_create``
+        (True by default when channels are given): consumers may then subscribe only to
+        registered channels. ``wait`` (seconds, None: do not wait) waits until every
+        partition has a leader and takes writes, and nsqlookupd lists the channels.
 
         Creating a topic that exists with the same settings is not an error.
 
         Classic nsqd: the topic and its channels are created on every nsqd; ``partitions``
-        and ``replicas`` must be 1, and ``ordered``/``ext`` are refused.
+        and ``replicas`` must be 1, and ``ordered``/``multi_part``/``ext`` are refused.
         """
         check_topic(topic)
         names = _channel_names(channels)
@@ -170,40 +183,45 @@ class Admin:
         wait = _check_wait(wait)
         disable_channel_auto_create = check_auto_create(bool(names), disable_channel_auto_create)
         if not await self.is_youzan():
-            if partitions != 1 or replicas != 1 or ordered or ext:
+            if partitions != 1 or replicas != 1 or ordered or multi_part or ext:
                 raise UnsupportedFeatureError(
-                    "classic nsqd topics have no partitions, replicas, ordering or ext headers"
+                    "classic nsqd topics have no partitions, replicas, ordering, multiple "
+                    "parts or ext headers"
                 )
             await self._classic_create(topic, names)
             return
-        params = {"topic": topic, "partition_num": str(partitions), "replicator": str(replicas)}
-        for flag, wanted in (
-            ("orderedmulti", ordered),
-            ("extend", ext),
-            ("disable_channel_auto_create", disable_channel_auto_create),
-        ):
-            if wanted:
-                params[flag] = "true"
+        multi = ordered or multi_part
         wanted_meta = TopicMeta(
             partition_num=partitions,
             replica=replicas,
             extend_support=ext,
             ordered=ordered,
+            multi_part=multi_part,
             disable_channel_auto_create=disable_channel_auto_create,
         )
-        try:
-            await self._post_leader("/topic/create", params)
-        except AdminError as exc:
+        nodes = await self._node_count()
+        problem = _placement_problem(partitions, replicas, multi, nodes)
+        if problem is not None:
+            # Placed already, with the same settings (and a node down since, say)? Fine.
             existing = await self._existing_meta(topic)
             if existing is None:
-                raise
-            if _differs(existing, wanted_meta):
-                raise AdminError(
-                    f"topic {topic!r} exists with other settings ({_describe(existing)}); "
-                    f"asked for {_describe(wanted_meta)}",
-                    status=exc.status,
-                    url=exc.url,
-                ) from exc
+                field, message = problem
+                raise PlacementError(
+                    field, message, partitions=partitions, replicas=replicas, nodes=nodes
+                )
+            _check_same(topic, existing, wanted_meta, None)
+        else:
+            try:
+                await self._post_leader("/topic/create", _create_params(topic, wanted_meta))
+            except AdminError as exc:
+                existing = await self._existing_meta(topic)
+                if existing is None:
+                    if _NO_NODE in exc.message:
+                        raise _refused_placement(
+                            exc, topic, partitions, replicas, multi, nodes
+                        ) from exc
+                    raise
+                _check_same(topic, existing, wanted_meta, exc)
         for name in names:
             await self._register_channel(topic, name)
         if wait is not None:
@@ -213,7 +231,8 @@ class Admin:
         """Register ``channel`` on ``topic`` (youzan: a durable channel, on a topic created
         with ``disable_channel_auto_create``; classic: created on every nsqd that has the
         topic). Registering a channel twice is not an error. ``wait``: seconds to wait until
-        nsqlookupd lists the channel (None: do not wait)."""
+        nsqlookupd lists the channel and the topic's partitions take writes (None: do not
+        wait)."""
         check_topic(topic)
         check_channel(channel)
         wait = _check_wait(wait)
@@ -371,6 +390,15 @@ class Admin:
         except AdminError as exc:
             if _ALREADY_REGISTERED in exc.message:
                 return
+            if exc.message == _KEY_NOT_FOUND:
+                raise AdminError(
+                    f"cannot register channel {channel!r}: the cluster has no topic {topic!r}; "
+                    "create the topic first (with the channel: smartnsq topic create "
+                    f"{topic} --channel {channel})",
+                    status=exc.status,
+                    url=exc.url,
+                    detail=exc.message,
+                ) from exc
             if _AUTO_CREATE_ALLOWED in exc.message:
                 raise AdminError(
                     f"cannot register channel {channel!r}: topic {topic!r} lets SUB create its "
@@ -438,32 +466,73 @@ class Admin:
     async def _wait_ready(
         self, topic: str, partitions: int | None, channels: Sequence[str], timeout: float
     ) -> None:
-        """Until every partition has a leader, lookupd lists the channels and, with
-        channels, the topic takes writes (a write lookup needs a channel)."""
+        """Until every partition has a leader and takes writes, and lookupd lists the
+        channels.
+
+        youzan nsqlookupd makes a new topic writable in its next topic check, and skips a
+        check asked for within 6 s of the last one (one runs when the nsqd nodes join, then
+        every minute): a topic created right after the cluster starts would wait a minute or
+        two. Posting ``/topic/create`` again for the existing topic asks for a check
+        (writable about a second later), so it is posted again every few seconds while the
+        partitions have leaders but do not take writes."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        next_post = loop.time() + _REPOST
         state = "no answer from nsqlookupd"
+        post_failure = ""
         while True:
             read = await self._layout(topic, "r")
-            write = await self._layout(topic, "w") if channels else None
             if read is not None:
                 expected = partitions if partitions is not None else read.partition_num
                 missing = sorted(set(channels) - set(read.channels))
-                writable = len(write.partitions) if write is not None else 0
+                writable = await self._writable_partitions(topic)
+                led = len(read.partitions) >= expected
                 state = (
-                    f"{len(read.partitions)} of {expected} partitions have a leader"
-                    + (f", {writable} writable" if channels else "")
+                    f"{len(read.partitions)} of {expected} partitions have a leader, "
+                    f"{len(writable)} writable"
                     + (f", channels {missing} not listed yet" if missing else "")
+                    + post_failure
                 )
-                if (
-                    len(read.partitions) >= expected
-                    and not missing
-                    and (not channels or writable >= expected)
-                ):
+                if led and len(writable) >= expected and not missing:
                     return
+                meta = read.meta
+                if led and meta is not None and meta.valid and loop.time() >= next_post:
+                    next_post = loop.time() + _REPOST
+                    try:
+                        await self._post_leader("/topic/create", _create_params(topic, meta))
+                        post_failure = ""
+                    except (AdminError, ConnectionClosedError, ProtocolError) as exc:
+                        post_failure = f" (posting the create again failed: {exc})"
             if loop.time() >= deadline:
                 raise NSQTimeoutError(f"topic {topic!r} is not ready after {timeout:g} s: {state}")
             await asyncio.sleep(_POLL)
+
+    async def _writable_partitions(self, topic: str) -> set[int]:
+        """The partitions of ``topic`` whose leader registered them with nsqlookupd: a
+        youzan nsqd registers a partition it leads while the partition takes writes
+        (``/nodes``, whatever the topic's channels)."""
+        try:
+            payload = await self._get_any(self._lookupds, "/nodes", {})
+        except AdminError:
+            return set()
+        found: set[int] = set()
+        for producer in _producers(payload):
+            led = producer.get("partitions")
+            ids = led.get(topic) if isinstance(led, dict) else None
+            for pid in ids if isinstance(ids, list) else ():
+                if isinstance(pid, str) and pid.isdigit():
+                    found.add(int(pid))
+        return found
+
+    async def _node_count(self) -> int | None:
+        """How many nsqd nodes nsqlookupd lists (``/nodes``), None when it does not say."""
+        try:
+            payload = await self._get_any(self._lookupds, "/nodes", {})
+        except (AdminError, ConnectionClosedError, ProtocolError):
+            return None
+        if not isinstance(payload, dict) or not isinstance(payload.get("producers"), list):
+            return None
+        return len(_producers(payload))
 
     # ------------------------------------------------------------------ classic
 
@@ -586,17 +655,32 @@ def _check_wait(wait: float | None) -> float | None:
     return float(wait)
 
 
+def _check_same(
+    topic: str, existing: TopicMeta, wanted: TopicMeta, refusal: AdminError | None
+) -> None:
+    """An existing topic is fine when it has the settings asked for."""
+    if _differs(existing, wanted):
+        raise AdminError(
+            f"topic {topic!r} exists with other settings ({_describe(existing)}); "
+            f"asked for {_describe(wanted)}",
+            status=refusal.status if refusal is not None else None,
+            url=refusal.url if refusal is not None else "",
+        ) from refusal
+
+
 def _differs(existing: TopicMeta, wanted: TopicMeta) -> bool:
     return (
         existing.partition_num,
         existing.replica,
         existing.ordered,
+        existing.multi_part,
         existing.extend_support,
         existing.disable_channel_auto_create,
     ) != (
         wanted.partition_num,
         wanted.replica,
         wanted.ordered,
+        wanted.multi_part,
         wanted.extend_support,
         wanted.disable_channel_auto_create,
     )
@@ -607,6 +691,7 @@ def _describe(meta: TopicMeta) -> str:
         name
         for name, on in (
             ("ordered", meta.ordered),
+            ("multi-part", meta.multi_part),
             ("ext", meta.extend_support),
             ("disable_channel_auto_create", meta.disable_channel_auto_create),
         )
@@ -614,3 +699,87 @@ def _describe(meta: TopicMeta) -> str:
     ]
     shown = f"{meta.partition_num} partitions x {meta.replica} replicas"
     return shown + (", " + ", ".join(flags) if flags else "")
+
+
+def _producers(payload: object) -> list[dict[str, object]]:
+    """The ``producers`` of a ``/nodes`` answer."""
+    producers = payload.get("producers") if isinstance(payload, dict) else None
+    return [p for p in producers or () if isinstance(p, dict)]
+
+
+def _create_params(topic: str, meta: TopicMeta) -> dict[str, str]:
+    """nsqlookupd ``/topic/create``'s parameters for a topic of ``meta``'s settings."""
+    params = {
+        "topic": topic,
+        "partition_num": str(meta.partition_num),
+        "replicator": str(meta.replica),
+    }
+    for flag, wanted in (
+        ("orderedmulti", meta.ordered),
+        ("multipart", meta.multi_part),
+        ("extend", meta.extend_support),
+        ("disable_channel_auto_create", meta.disable_channel_auto_create),
+    ):
+        if wanted:
+            params[flag] = "true"
+    return params
+
+
+def _placement_problem(
+    partitions: int, replicas: int, multi: bool, nodes: int | None
+) -> tuple[str, str] | None:
+    """Why nsqlookupd cannot place a topic on ``nodes`` nsqd nodes, in words with what
+    would fit (field, message), or None when it can or the node count is unknown. ``multi``:
+    an ordered or multi-part topic, whose partitions may share nodes."""
+    if nodes is None:
+        return None
+    if replicas > nodes:
+        return (
+            "replicas",
+            f"{replicas} replicas asked, but the cluster has {_nodes(nodes)}: every replica "
+            f"of a partition needs a node of its own; ask for at most {nodes}",
+        )
+    if multi or partitions * replicas <= nodes:
+        return None
+    fits = [f"{nodes // replicas} x {replicas}"] if nodes // replicas else []
+    if nodes // partitions and nodes // partitions != replicas:
+        fits.append(f"{partitions} x {nodes // partitions}")
+    return (
+        "partitions",
+        f"a plain topic puts every replica of every partition on a node of its own: "
+        f"{partitions} partitions x {replicas} replicas need {partitions * replicas} nsqd "
+        f"nodes, the cluster has {_nodes(nodes)}. Ask for at most "
+        f"{' or '.join(fits)} (partitions x replicas), or make the topic ordered or "
+        "multi-part (ordered=True or multi_part=True; smartnsq topic create --ordered or "
+        "--multi-part), whose partitions may share nodes",
+    )
+
+
+def _refused_placement(
+    exc: AdminError, topic: str, partitions: int, replicas: int, multi: bool, nodes: int | None
+) -> PlacementError:
+    """nsqlookupd's "No node is available for topic", in words."""
+    field, message = _placement_problem(partitions, replicas, multi, nodes) or (
+        "replicas" if multi or partitions == 1 else "partitions",
+        f"nsqlookupd found no nsqd node for part of topic {topic!r} "
+        f"({partitions} partitions x {replicas} replicas"
+        + (f", {_nodes(nodes)} registered" if nodes is not None else "")
+        + "): every replica of a partition needs a live node of its own"
+        + ("" if multi else ", and a plain topic one per replica of every partition")
+        + "; check that enough nsqd nodes are up, or ask for fewer replicas"
+        + ("" if multi else " or partitions, or make the topic ordered or multi-part"),
+    )
+    return PlacementError(
+        field,
+        message,
+        partitions=partitions,
+        replicas=replicas,
+        nodes=nodes,
+        status=exc.status,
+        url=exc.url,
+        detail=exc.message,
+    )
+
+
+def _nodes(count: int) -> str:
+    return f"{count} nsqd node" + ("" if count == 1 else "s")

@@ -53,6 +53,7 @@ __all__ = [
     "NotWritableError",
     "OrderViolationError",
     "OrderedSubscribeRequiredError",
+    "PlacementError",
     "ProtocolError",
     "PubFailedError",
     "PubTooMuchWaitingError",
@@ -444,13 +445,48 @@ class OrderViolationError(NSQError):
 class AdminError(NSQError):
     """An administration request (topic or channel creation...) was refused.
 
-    ``status`` is the HTTP status, ``message`` what the server said, ``url`` where it was
-    sent."""
+    ``message`` says what went wrong (the server's own words, or ours with the server's
+    kept in ``detail``), ``status`` is the HTTP status, ``url`` where it was sent."""
 
-    def __init__(self, message: str, *, status: int | None = None, url: str = "") -> None:
+    def __init__(
+        self, message: str, *, status: int | None = None, url: str = "", detail: str = ""
+    ) -> None:
         answer = f"HTTP {status}" if status is not None else ""
         where = " from ".join(part for part in (answer, url) if part)
+        if detail:
+            where = f"{where}: {detail}" if where else detail
         super().__init__(f"{message} ({where})" if where else message)
         self.status = status
         self.message = message
         self.url = url
+        self.detail = detail
+
+
+class PlacementError(ValidationError, AdminError):
+    """nsqlookupd cannot place a topic on the cluster's nsqd nodes: every replica of a
+    partition needs a node of its own, and a plain topic (neither ordered nor multi-part)
+    one node per replica of every partition (partitions x replicas <= nodes). The message
+    says what would fit.
+
+    Raised before anything is sent when the node count is known (``nodes``), else from
+    nsqlookupd's refusal (``status``, ``url``, and its text in ``detail``). ``field`` names
+    the argument to change; ``partitions`` and ``replicas`` are what was asked."""
+
+    def __init__(
+        self,
+        field: str,
+        message: str,
+        *,
+        partitions: int,
+        replicas: int,
+        nodes: int | None,
+        status: int | None = None,
+        url: str = "",
+        detail: str = "",
+    ) -> None:
+        AdminError.__init__(self, f"{field}: {message}", status=status, url=url, detail=detail)
+        self.field = field
+        self.reason = message
+        self.partitions = partitions
+        self.replicas = replicas
+        self.nodes = nodes

@@ -21,9 +21,13 @@ __all__ = ["register"]
 
 DESCRIPTION = """\
 youzan: topics are created by the nsqlookupd leader, which places PARTITIONS x REPLICAS on
-the nsqd nodes (--ordered: SUB_ORDERED consumption, publishes name their partition; --ext:
-JSON ext headers). Channels given with --channel are registered: they exist on every replica
-of every partition and survive a leader failover. Registering needs the topic to refuse
+the nsqd nodes (--ordered: SUB_ORDERED consumption, publishes name their partition;
+--multi-part: several partitions per node; --ext: JSON ext headers). Every replica of a
+partition needs a node of its own, and a plain topic (neither --ordered nor --multi-part) one
+node per replica of every partition: PARTITIONS x REPLICAS <= nodes.
+
+Channels given with --channel are registered: they exist on every replica of every partition
+and survive a leader failover. Registering needs the topic to refuse
 channels that SUB would create (disable_channel_auto_create), which --channel turns on:
 consumers may then use registered channels only (register more with smartnsq channel create).
 Without --channel, a consumer's SUB creates its channel at the topic's end, on each
@@ -31,8 +35,9 @@ partition's leader only, where a leader crash can lose it (see docs/guides/durab
 
 Classic nsqd: the topic (and its channels) is created on every nsqd.
 
-create waits until every partition has a leader (and, with channels, takes writes);
---no-wait returns at once. Creating a topic that exists with the same settings is fine.
+create waits until every partition has a leader and takes writes (nsqlookupd enables writes
+in a topic check, which create asks for again every few seconds); --no-wait returns at once.
+Creating a topic that exists with the same settings is fine.
 """
 
 
@@ -58,6 +63,11 @@ def register(subparsers: Any) -> None:
         "--replicas", type=int, default=1, metavar="N", help=f"1..{MAX_REPLICAS} (default 1)"
     )
     create.add_argument("--ordered", action="store_true", help="an ordered topic (orderedmulti)")
+    create.add_argument(
+        "--multi-part",
+        action="store_true",
+        help="a multi-part topic (multipart): its partitions may share nodes",
+    )
     create.add_argument("--ext", action="store_true", help="a topic with JSON ext headers")
     create.add_argument(
         "--channel",
@@ -84,23 +94,36 @@ def run_create(args: argparse.Namespace) -> int:
     channels = [channel_arg(name) for name in args.channel]
     setup_logging("topic", args.verbose)
 
-    async def create() -> None:
+    async def create() -> bool:
         async with admin_for(args) as admin:
             await admin.create_topic(
                 topic,
                 args.partitions,
                 args.replicas,
                 ordered=args.ordered,
+                multi_part=args.multi_part,
                 ext=args.ext,
                 channels=channels,
                 wait=None if args.no_wait else 30.0,
             )
+            return await admin.is_youzan()
 
-    asyncio.run(create())
+    youzan = asyncio.run(create())
+    if not youzan:
+        # what classic nsqd makes: the topic (and channels) on each nsqd, nothing else
+        made = ", channels: " + ", ".join(channels) if channels else ""
+        print(
+            f"topic {topic}: created on every nsqd (classic NSQ: no partitions or replicas){made}"
+        )
+        return 0
+    kinds = [k for k, on in (("ordered", args.ordered), ("multi-part", args.multi_part)) if on]
+    kinds += ["ext"] if args.ext else []
     registered = f", channels registered: {', '.join(channels)}" if channels else ""
     print(
         f"topic {topic}: {plural(args.partitions, 'partition')} x "
-        f"{plural(args.replicas, 'replica')}{registered}"
+        f"{plural(args.replicas, 'replica')}"
+        + (f" ({', '.join(kinds)})" if kinds else "")
+        + registered
     )
     return 0
 

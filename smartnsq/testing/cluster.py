@@ -24,6 +24,7 @@ from typing import Any
 from smartnsq.errors import ValidationError
 from smartnsq.protocol.validation import MAX_BODY_SIZE, MAX_MSG_SIZE
 from smartnsq.testing.changes import Changes
+from smartnsq.testing.checks import TopicChecks
 from smartnsq.testing.directory import Directory
 from smartnsq.testing.errors import ClusterError
 from smartnsq.testing.http import ApiError, HttpServer
@@ -53,6 +54,14 @@ class Cluster:
     nsqlookupds announce for every nsqd and for themselves (``/listlookup``), like nsqd's
     ``--broadcast-address``: by default the address clients on this machine use.
     ``lookupd_url`` and ``nsqd_addresses`` are always the local ones.
+
+    Topics: :meth:`create_topic` makes a topic that takes writes at once. One created through
+    nsqlookupd's ``/topic/create`` (``smartnsq.admin.Admin``, ``smartnsq topic create``)
+    takes writes after nsqlookupd's next topic check, with the real timing by default: one
+    runs as the cluster starts, then every ``topic_check_interval`` seconds, and a post of
+    ``/topic/create`` asks for one ``topic_check_delay`` later, dropped within a tenth of the
+    interval of the last (:mod:`~smartnsq.testing.checks`). Tests that create many topics
+    through nsqlookupd may shorten the interval.
     """
 
     def __init__(
@@ -77,6 +86,8 @@ class Cluster:
         broadcast_address: str | None = None,
         lookupd_port: int = 0,
         nsqd_port: int = 0,
+        topic_check_interval: float = 60.0,
+        topic_check_delay: float = 0.9,
     ) -> None:
         if nodes is None:
             nodes = 1 if classic else 3
@@ -86,6 +97,10 @@ class Cluster:
             raise ValidationError("lookupds", "must be >= 1")
         if classic and lookupds != 1:
             raise ValidationError("lookupds", "a classic cluster has exactly one nsqlookupd")
+        if not topic_check_interval > 0:
+            raise ValidationError("topic_check_interval", "must be > 0 seconds")
+        if not topic_check_delay >= 0:
+            raise ValidationError("topic_check_delay", "must be >= 0 seconds")
         self._directory = Directory(
             nodes=nodes,
             lookupds=lookupds,
@@ -125,7 +140,15 @@ class Cluster:
             HttpServer(NsqdHttpApi(node).handle, host, self.planned_port(node.index, "http"))
             for node in self.nodes
         ]
-        self.lookupds = [LookupdNode(i, self._directory, self._topology) for i in range(lookupds)]
+        self._checks = TopicChecks(
+            interval=topic_check_interval,
+            delay=topic_check_delay,
+            run_check=self._topology.run_topic_check,
+            changed=self._changes.changed,
+        )
+        self.lookupds = [
+            LookupdNode(i, self._directory, self._topology, self._checks) for i in range(lookupds)
+        ]
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._started = False
@@ -224,6 +247,8 @@ class Cluster:
             await lookupd.start()
         for index in range(len(self.nodes)):
             await self._start_node_servers(index)
+        if not self.classic:
+            self._checks.start(loop)  # the nodes joined: nsqlookupd's first topic check
         self._sweeper = loop.create_task(self._sweep_loop())
         log.info("cluster started: lookupd %s, nsqd %s", self.lookupd_urls, self.nsqd_addresses)
         return self
@@ -242,6 +267,7 @@ class Cluster:
             return
         self._stopped = True
         self._topology.stop()
+        self._checks.stop()
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
@@ -349,8 +375,12 @@ class Cluster:
         ``disable_channel_auto_create``, True by default when channels are given: consumers
         may then subscribe to registered channels only. Without channels, a consumer's SUB
         creates its channel, at the topic's end and on the partition leader only.
-        ``placement`` maps partition -> nodes holding it, leader first; by default partitions
-        are spread round-robin over the live nodes.
+        ``placement`` maps partition -> nodes holding it, leader first. By default they are
+        placed as nsqlookupd places them: a plain topic's partitions on nodes of their own
+        (a node holding a replica of one leads none of the others), an ordered or
+        multi-part one, or a plain one bigger than the cluster (which a real nsqlookupd
+        refuses; this API allows it for small test clusters), round-robin over the live
+        nodes.
         """
         topic = self.create_topic_now(
             name,
@@ -505,6 +535,17 @@ class Cluster:
         """Make a partition refuse writes (E_FAILED_ON_NOT_WRITABLE) or take them again."""
         self._topology.set_writable(topic, partition, writable)
         await asyncio.sleep(0)
+
+    def set_ordered_echo_late(self, topic: str, channel: str, late: bool = True) -> None:
+        """youzan sends a channel's first ordered message twice (its first ``SUB_ORDERED``,
+        while a message waits). With this fault, as real youzan sometimes does, the second
+        copy is put in flight only once the client's first answer to that id (FIN, REQ or
+        TOUCH) has arrived: that answer fails, non-fatal, as not in flight
+        (``E_FIN_FAILED FIN [...] failed ErrType:7 ErrCode:0 : Message ID not in flight``),
+        and the message is in flight from then on, holding the ordered partition until it
+        is answered again or its msg_timeout passes. Applies to ``channel`` of every
+        partition of ``topic`` that turns ordered from now on; ``late=False`` ends it."""
+        self._topology.set_ordered_echo_late(topic, channel, late)
 
     async def stop_node(self, index: int) -> None:
         """Stop a node like a crash. Partitions it led fail over to a live replica after

@@ -35,12 +35,12 @@ import contextlib
 import json
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from smartnsq.errors import ValidationError
 from smartnsq.protocol.lookupd import ACCEPT_V1
@@ -90,7 +90,15 @@ DEFAULT_CLASSIC_IMAGE = "nsqio/nsq:v1.3.0"
 LABEL = "io.smartnsq.cluster"
 
 _CLUSTER_ID = "smartnsq-test"  # youzan's --cluster-id
+_ETCD_URL = "http://etcd:2379"  # etcd's client URL on the cluster's network
 _STOP_TIMEOUT = 10  # seconds between SIGTERM and SIGKILL on stop(i)
+_PROBE_STEP = 1.0  # seconds of readiness probing between two looks at the container
+_LOG_LINES = 10  # how much of a container's log an error shows
+_LOG_SCAN = 200  # how much of it is searched for the lines below
+# Log lines after which the process stays up but never serves: waiting is pointless.
+# youzan nsqlookupd (and older nsqd) with a wildcard --tcp-address host and no broadcast
+# interface (docker_real_images.txt).
+_NEVER_SERVES = ("can not decide the broadcast ip",)
 
 
 class ContainerClusterError(ClusterError):
@@ -172,6 +180,33 @@ def _has_lookupd_leader(body: str) -> bool:
     return isinstance(leader, dict) and bool(leader.get("NodeIP"))
 
 
+class _ContainerState(NamedTuple):
+    """What Docker says of a container: ``status`` ("running", "exited"...) and, once it
+    stopped, its exit code."""
+
+    status: str
+    exit_code: int | None
+
+
+def _diagnose(state: _ContainerState, log: str) -> str | None:
+    """Why a starting container will never be ready, or None while it still may be: it is no
+    longer running, or its log says it will not serve."""
+    if state.status in ("exited", "dead"):
+        code = f" with code {state.exit_code}" if state.exit_code is not None else ""
+        return f"exited{code} before it was ready"
+    lowered = log.lower()
+    for marker in _NEVER_SERVES:
+        if marker in lowered:
+            return f"is running but will never serve (its log says {marker!r})"
+    return None
+
+
+def _log_tail(log: str) -> str:
+    """The last lines of a log on one line, or why there are none."""
+    lines = [line.strip() for line in log.strip().splitlines() if line.strip()]
+    return " | ".join(lines[-_LOG_LINES:]) if lines else "(empty)"
+
+
 @dataclass
 class _Service:
     """One container of a cluster: ``name`` is its hostname and network alias."""
@@ -183,6 +218,15 @@ class _Service:
     published: dict[int, int] = field(default_factory=dict)
     ip: str = ""
     running: bool = False
+
+
+def _startup_error(service: _Service, problem: str, log: str) -> str:
+    """The error of a container that did not come up: which one, what is wrong, and how its
+    log ends."""
+    return (
+        f"container {service.name} ({service.container.image}) {problem}; "
+        f"the last lines of its log: {_log_tail(log)}"
+    )
 
 
 class _Published:
@@ -257,7 +301,9 @@ class ContainerCluster:
         """Start every container in order, each waited for with its strategy, then wait until
         the nodes registered with nsqlookupd. Raises DockerUnavailableError without an
         engine, ContainerClusterError when a container does not come up (removing whatever
-        was started)."""
+        was started): it names the container and quotes the end of its log, at once when the
+        container exited or logged that it will never serve, else after the startup
+        timeout."""
         if self._opened:
             raise ContainerClusterError("the cluster was opened already")
         self._opened = True
@@ -369,27 +415,48 @@ class ContainerCluster:
         service.running = True
 
     def _wait(self, service: _Service, strategy: WaitStrategy) -> None:
-        """Wait for ``strategy`` on ``service``, within the startup timeout."""
-        strategy.with_startup_timeout(timedelta(seconds=self.startup_timeout))
-        try:
-            strategy.wait_until_ready(_Published(service, self._host_ip))
-        except (TimeoutError, RuntimeError) as exc:
-            # RuntimeError: LogMessageWaitStrategy's "container exited" (testcontainers 4)
-            raise ContainerClusterError(
-                f"{service.name} ({service.container.image}) was not ready within "
-                f"{self.startup_timeout:g} s: {str(exc).splitlines()[0]}; its log ends with: "
-                f"{self._tail(service)}"
-            ) from None
+        """Wait for ``strategy`` on ``service``, within the startup timeout, probing in short
+        steps: between them the container itself is checked, so one that exited or logged
+        that it will never serve fails at once, named, with the end of its log."""
+        deadline = time.monotonic() + self.startup_timeout
+        target = _Published(service, self._host_ip)
+        reason = "never answered"
+        while True:
+            state, log = self._inspect(service)
+            problem = _diagnose(state, log)
+            if problem is not None:
+                raise ContainerClusterError(_startup_error(service, problem, log))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                waited = f"was not ready within {self.startup_timeout:g} s ({reason})"
+                raise ContainerClusterError(_startup_error(service, waited, log))
+            strategy.with_startup_timeout(min(_PROBE_STEP, remaining))  # type: ignore[arg-type]
+            try:
+                strategy.wait_until_ready(target)
+                return
+            except (TimeoutError, RuntimeError) as exc:
+                # RuntimeError: LogMessageWaitStrategy's "container exited" (testcontainers 4),
+                # which the next inspection words
+                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
-    def _tail(self, service: _Service, lines: int = 5) -> str:
+    def _inspect(self, service: _Service) -> tuple[_ContainerState, str]:
+        """The container's state and the end of its log (empty when Docker cannot tell)."""
         wrapped = service.container._container
         if wrapped is None:
-            return "(no container)"
+            return _ContainerState("created", None), ""
         try:
-            text: bytes = wrapped.logs(tail=lines)
+            wrapped.reload()
+            state = wrapped.attrs.get("State") or {}
+            found = _ContainerState(
+                str(state.get("Status") or wrapped.status), state.get("ExitCode")
+            )
+        except Exception:  # noqa: BLE001 - only for a diagnosis: the probe decides
+            found = _ContainerState("unknown", None)
+        try:
+            log = bytes(wrapped.logs(tail=_LOG_SCAN)).decode(errors="replace")
         except Exception:  # noqa: BLE001 - only for an error message
-            return "(no log)"
-        return " | ".join(text.decode(errors="replace").strip().splitlines()) or "(empty)"
+            log = ""
+        return found, log
 
     def _refresh(self, service: _Service) -> None:
         """Read the container's IP on the network and its published ports."""
@@ -636,35 +703,55 @@ class YouzanContainerCluster(ContainerCluster):
         self.allow_write_with_no_channels = allow_write_with_no_channels
         self.node_names = tuple(f"nsqd{i}" for i in range(nodes))
 
-    def _plan(self) -> list[_Service]:
-        etcd_url = "http://etcd:2379"
-        etcd = self._container(
-            self.etcd_image,
-            "etcd",
-            [
-                "/usr/local/bin/etcd", "--name=etcd", "--data-dir=/tmp/etcd",
-                "--enable-v2=true",
-                "--listen-client-urls=http://0.0.0.0:2379", f"--advertise-client-urls={etcd_url}",
-                "--listen-peer-urls=http://0.0.0.0:2380",
-                "--initial-advertise-peer-urls=http://etcd:2380",
-                "--initial-cluster=etcd=http://etcd:2380",
-            ],
-        )  # fmt: skip
-        cluster_flags = [
-            f"--cluster-id={_CLUSTER_ID}",
-            f"--cluster-leadership-addresses={etcd_url}",
-        ]
-        lookupd_command = [
-            "nsqlookupd", *cluster_flags,
-            "--tcp-address=0.0.0.0:4160", "--http-address=0.0.0.0:4161", "--rpc-port=4260",
+    def etcd_command(self) -> list[str]:
+        """etcd's command line: one member, the v2 API on (youzan's coordinator uses it)."""
+        return [
+            "/usr/local/bin/etcd", "--name=etcd", "--data-dir=/tmp/etcd", "--enable-v2=true",
+            "--listen-client-urls=http://0.0.0.0:2379", f"--advertise-client-urls={_ETCD_URL}",
+            "--listen-peer-urls=http://0.0.0.0:2380",
+            "--initial-advertise-peer-urls=http://etcd:2380",
+            "--initial-cluster=etcd=http://etcd:2380",
+        ]  # fmt: skip
+
+    # The TCP addresses have an empty host (all interfaces): youzan nsqlookupd (and older nsqd)
+    # take the IP they register from that host and fall back to --broadcast-address only
+    # when it is empty; with 0.0.0.0, nsqlookupd logs "can not decide the broadcast ip" and
+    # never serves (docker_real_images.txt). Every flag is one of apps/nsqlookupd and
+    # apps/nsqd of youzan/nsq.
+
+    def lookupd_command(self) -> list[str]:
+        """nsqlookupd's command line."""
+        command = [
+            "nsqlookupd", *self._cluster_flags(),
+            "--tcp-address=:4160", "--http-address=0.0.0.0:4161", "--rpc-port=4260",
             "--broadcast-address=nsqlookupd", "--broadcast-interface=", "--log-level=2",
         ]  # fmt: skip
         if self.allow_write_with_no_channels:
-            lookupd_command.append("--allow-write-with-nochannels=true")
+            command.append("--allow-write-with-nochannels=true")
+        return command
+
+    def nsqd_command(self, index: int) -> list[str]:
+        """nsqd ``index``'s command line, announcing its container name."""
+        name = self.node_names[index]
+        return [
+            "nsqd", *self._cluster_flags(),
+            "--tcp-address=:4150", "--http-address=0.0.0.0:4151", "--rpc-port=4250",
+            f"--broadcast-address={name}", "--broadcast-interface=",
+            # The worker id seeds message ids: unique per node (it defaults to a hash of the
+            # hostname).
+            f"--worker-id={index + 1}", f"--data-path=/data/{name}",
+            "--lookup-ping-interval=1s", "--log-level=2",
+        ]  # fmt: skip
+
+    @staticmethod
+    def _cluster_flags() -> list[str]:
+        return [f"--cluster-id={_CLUSTER_ID}", f"--cluster-leadership-addresses={_ETCD_URL}"]
+
+    def _plan(self) -> list[_Service]:
         services = [
             _Service(
                 "etcd",
-                etcd,
+                self._container(self.etcd_image, "etcd", self.etcd_command()),
                 (2379,),
                 lambda: _http_ready(2379, "/health").for_response_predicate(
                     lambda body: '"true"' in body
@@ -672,25 +759,16 @@ class YouzanContainerCluster(ContainerCluster):
             ),
             _Service(
                 "nsqlookupd",
-                self._container(self.image, "nsqlookupd", lookupd_command),
+                self._container(self.image, "nsqlookupd", self.lookupd_command()),
                 (4161,),
                 lambda: _http_ready(4161),
             ),
         ]
         for index, name in enumerate(self.node_names):
-            command = [
-                "nsqd", *cluster_flags,
-                "--tcp-address=0.0.0.0:4150", "--http-address=0.0.0.0:4151", "--rpc-port=4250",
-                f"--broadcast-address={name}", "--broadcast-interface=",
-                # The worker id seeds message ids: unique per node (it defaults to a hash
-                # of the hostname).
-                f"--worker-id={index + 1}", f"--data-path=/data/{name}",
-                "--lookup-ping-interval=1s", "--log-level=2",
-            ]  # fmt: skip
             services.append(
                 _Service(
                     name,
-                    self._container(self.image, name, command),
+                    self._container(self.image, name, self.nsqd_command(index)),
                     (4150, 4151),
                     lambda: _http_ready(4151),
                 )

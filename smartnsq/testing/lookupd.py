@@ -57,6 +57,7 @@ from smartnsq.testing.publish import go_atoi, valid_name
 from smartnsq.testing.topology import TopicRefused
 
 if TYPE_CHECKING:
+    from smartnsq.testing.checks import TopicChecks
     from smartnsq.testing.state import Partition, Topic
     from smartnsq.testing.topology import Topology
 
@@ -85,10 +86,13 @@ class LookupdNode:
     """One emulated nsqlookupd: its HTTP API over the cluster's directory and topology. Its
     ports and whether it runs are its entry in the directory."""
 
-    def __init__(self, index: int, directory: Directory, topology: Topology) -> None:
+    def __init__(
+        self, index: int, directory: Directory, topology: Topology, checks: TopicChecks
+    ) -> None:
         self.index = index
         self.directory = directory
         self.topology = topology
+        self.checks = checks
         self.entry = directory.lookupds[index]
         self.http = HttpServer(
             self.handle, directory.host, directory.planned_port(index, "lookupd")
@@ -448,7 +452,9 @@ class LookupdNode:
         }
 
     def _topic_create(self, request: Request) -> None:
-        """nsqlookupd doCreateTopic: every argument is checked before the leadership."""
+        """nsqlookupd doCreateTopic: every argument is checked before the leadership. A new
+        topic takes writes after the next topic check, which this asks for, as a post for an
+        existing topic of the same settings does (:mod:`~smartnsq.testing.checks`)."""
         name = self._topic_arg(request)
         if not valid_name(name):
             raise ApiError(400, "INVALID_ARG_TOPIC")
@@ -475,9 +481,11 @@ class LookupdNode:
                 multi_part=request.arg("multipart") == "true",
                 disable_channel_auto_create=request.arg("disable_channel_auto_create") == "true",
                 strict_placement=True,
+                awaiting_check=True,
             )
         except TopicRefused as exc:
             raise ApiError(400, str(exc)) from None
+        self.checks.request()
 
     def _topic_delete(self, request: Request) -> None:
         """nsqlookupd doDeleteTopic: only ``partition=**``; the coordinator refuses on a

@@ -23,7 +23,10 @@ error frame) or not. In short, for youzan nsqd:
   empty header included; ``INVALID_TRACE_ID``; ``E_EXT_NOT_SUPPORT``) and the write itself
   (``E_FAILED_ON_NOT_LEADER``, ``E_FAILED_ON_NOT_WRITABLE``) are not fatal, in that order;
 - ``E_FIN_FAILED``/``E_REQ_FAILED``/``E_TOUCH_FAILED`` are not fatal; FIN on a node that no
-  longer leads the partition is fatal ``E_FAILED_ON_NOT_LEADER``.
+  longer leads the partition is fatal ``E_FAILED_ON_NOT_LEADER``, and FIN on an ordered
+  channel while the partition lacks a majority of in-sync replicas fatal
+  ``E_FAILED_ON_NOT_WRITABLE`` (SUB_ORDERED still succeeds and delivers; REQ and TOUCH stay
+  local to the node, and FINs on other channels too).
 
 Classic nsqd 1.x keeps its own texts (``invalid command X``, ``PUB invalid message body
 size``, ``invalid message ID``...) and clamps REQ delays like youzan. The table of every
@@ -1112,6 +1115,10 @@ class ClientSession(asyncio.BufferedProtocol):
             partition = self.topology.partition_of(channel.log)
             if partition is not None and partition.leader != self.node.index:
                 raise ClientError("E_FAILED_ON_NOT_LEADER", "")
+            if partition is not None and channel.ordered and not partition.in_sync:
+                # FinishMessageToCluster: an ordered channel's confirmation needs a majority
+                # of in-sync replicas (a cluster error, so fatal), whatever the id
+                raise ClientError("E_FAILED_ON_NOT_WRITABLE", "")
         if not channel.finish(message_id, self):
             raise self._id_failed("E_FIN_FAILED", "FIN", message_id)
         self.changes.changed()
@@ -1126,7 +1133,9 @@ class ClientSession(asyncio.BufferedProtocol):
         if channel is None:
             return False
         partition = self.topology.partition_of(channel.log)
-        return partition is None or partition.leader == self.node.index
+        return partition is None or (
+            partition.leader == self.node.index and (partition.in_sync or not channel.ordered)
+        )
 
     def _finish_many(self, message_ids: list[bytes]) -> None:
         """A run of FINs, answered as :meth:`_fin` answers each of them."""

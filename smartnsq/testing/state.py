@@ -104,13 +104,15 @@ class Subscriber(Protocol):
 class Delivery:
     """A message of a channel that has been delivered at least once and is not finished."""
 
-    __slots__ = ("attempts", "client", "deadline", "record")
+    __slots__ = ("attempts", "client", "deadline", "echo_pending", "record")
 
     def __init__(self, record: Record) -> None:
         self.record = record
         self.attempts = 0
         self.deadline = 0.0
         self.client: Subscriber | None = None
+        # sent twice, its second copy not in flight yet (Channel.late_echo)
+        self.echo_pending = False
 
 
 @dataclass
@@ -284,6 +286,12 @@ class Channel:
     a client: it is sent, then read and sent again; sub_ordered_first_delivery_twice.txt. A
     channel with nothing to deliver at that moment sends each message once: tcp_sub_ordered.txt.)
     Only one copy is in flight: the second FIN of its id fails.
+
+    With ``late_echo`` (a fault, ``Cluster.set_ordered_echo_late``), nsqd puts the second copy
+    in flight only after the client's first answer to that id arrived, as youzan sometimes
+    does (about 3 fresh channels in 20, docker_real_images.txt item 6): that first FIN (REQ,
+    TOUCH) fails as not in flight, and the message is then in flight, holding the partition
+    until it is answered again or its msg_timeout passes.
     """
 
     def __init__(
@@ -320,6 +328,7 @@ class Channel:
         self.serving = True  # False while the partition has no leader to serve it
         self.youzan = not log.classic
         self._echo_next = False  # the next ordered delivery goes out twice (see above)
+        self.late_echo = False  # the fault described above
         # youzan: called on a FIN while the replicas do not follow this channel yet (the
         # leader syncs a channel's consume offset to its replicas when messages are confirmed)
         self.on_confirm: Callable[[Channel], None] | None = None
@@ -525,6 +534,7 @@ class Channel:
         self._sent([delivery], client, deadline)
         if self._echo_next and self.ordered:
             self._echo_next = False
+            delivery.echo_pending = self.late_echo
             # The same frame again; in flight once (its second FIN fails).
             record = self.record
             if record is not None:
@@ -535,10 +545,21 @@ class Channel:
 
     # ------------------------------------------------------------------ answers
 
+    def _echo_lands(self, delivery: Delivery, client: Subscriber) -> bool:
+        """An answer to a message whose second copy is not in flight yet (``late_echo``):
+        the answer fails, and the copy is in flight from now on."""
+        if not delivery.echo_pending:
+            return False
+        delivery.echo_pending = False
+        delivery.deadline = self._clock() + client.msg_timeout
+        return True
+
     def take(self, message_id: bytes, client: Subscriber) -> Delivery | None:
         """Remove an in-flight message owned by ``client`` (None if not in flight)."""
         delivery = self.in_flight.get(message_id)
         if delivery is None or delivery.client is not client:
+            return None
+        if self._echo_lands(delivery, client):
             return None
         del self.in_flight[message_id]
         client.in_flight -= 1
@@ -557,6 +578,9 @@ class Channel:
         for message_id in message_ids:
             delivery = in_flight.get(message_id)
             if delivery is None or delivery.client is not client:
+                failed.append(message_id)
+                continue
+            if delivery.echo_pending and self._echo_lands(delivery, client):
                 failed.append(message_id)
                 continue
             del in_flight[message_id]
@@ -604,6 +628,8 @@ class Channel:
     def touch(self, message_id: bytes, client: Subscriber) -> bool:
         delivery = self.in_flight.get(message_id)
         if delivery is None or delivery.client is not client:
+            return False
+        if self._echo_lands(delivery, client):
             return False
         delivery.deadline = self._clock() + client.msg_timeout
         return True
@@ -704,7 +730,11 @@ class Partition:
 
     The log's ``channels`` are the leader's (live, serving); ``copies`` are the other
     replicas' channels, per node: a channel a SUB creates exists on the leader only until the
-    leader syncs its consume offset (on a FIN), and a registered one on every replica."""
+    leader syncs its consume offset (on a FIN), and a registered one on every replica.
+
+    ``writable``: the leader takes writes. That needs ``in_sync`` (a live leader and a
+    majority of in-sync replicas, which FINs on ordered channels need too) and, for a topic
+    created through nsqlookupd, its first topic check (``awaiting_check`` until then)."""
 
     topic: Topic
     id: int
@@ -712,7 +742,9 @@ class Partition:
     leader: int | None
     log: PartitionLog
     writable: bool = True
+    in_sync: bool = True
     forced_unwritable: bool = False
+    awaiting_check: bool = False
     copies: dict[int, dict[str, ChannelCopy]] = field(default_factory=dict)
 
     def copies_on(self, node: int) -> dict[str, ChannelCopy]:

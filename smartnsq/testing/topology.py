@@ -86,6 +86,7 @@ class Topology:
         self._records: dict[tuple[str, str], ChannelRecord] = {}
         self._failovers: dict[tuple[str, int], Cancellable] = {}
         self._scheduler: Scheduler | None = None
+        self._late_echoes: set[tuple[str, str]] = set()  # (topic, channel): see Channel
 
     def start(self, scheduler: Scheduler) -> None:
         """The cluster started: timers can run."""
@@ -182,12 +183,14 @@ class Topology:
         disable_channel_auto_create: bool | None = None,
         strict_placement: bool = False,
         placement: Mapping[int, Sequence[int]] | None = None,
+        awaiting_check: bool = False,
     ) -> Topic:
         """Create a youzan topic (or return the same one): what nsqlookupd ``/topic/create``
         runs. ``channels`` are registered. With ``strict_placement``, partitions x replicas
         may not exceed the live nodes unless several partitions may share a node, as the
         real lookupd checks. ``placement`` maps partition -> nodes, leader first; by default
-        partitions are spread round-robin over the live nodes.
+        see :func:`_default_placement`. With ``awaiting_check`` (nsqlookupd's own creation)
+        the partitions take writes only after the next topic check (:meth:`run_topic_check`).
 
         TopicRefused (nsqlookupd's texts) for a topic that exists with another shape, and
         for one it cannot place."""
@@ -201,12 +204,21 @@ class Topology:
         names = [check_channel(channel) for channel in channels]
         disable_channel_auto_create = check_auto_create(bool(names), disable_channel_auto_create)
         alive = [n.index for n in self._nodes if n.running]
+        if strict_placement:
+            # nsqlookupd's CreateTopic checks the partition limit and the live nodes before
+            # it looks for the topic: a topic that exists is refused too when nodes are down.
+            if partitions >= 255:
+                raise TopicRefused("max partition allowed exceed")
+            multi = ordered or multi_part
+            if replicas > len(alive) or (partitions * replicas > len(alive) and not multi):
+                raise TopicRefused(NO_NODE)
         existing = self.topics.get(name)
         if existing is not None:
             same = (
                 existing.partition_num == partitions
                 and existing.replica == replicas
                 and existing.ordered == ordered
+                and existing.multi_part == multi_part
                 and existing.ext == ext
                 and existing.disable_channel_auto_create == disable_channel_auto_create
             )
@@ -217,16 +229,10 @@ class Topology:
                     self.register_channel(name, channel)
             return existing
         if partitions >= 255:
-            # the coordinator's own limit, checked after the HTTP arguments
             raise TopicRefused("max partition allowed exceed")
-        # The real cluster refuses more partitions x replicas than nodes unless several
-        # partitions may share a node; the Python API is lenient (tests want small clusters).
-        too_big = replicas > len(alive) or (
-            strict_placement and partitions * replicas > len(alive) and not (ordered or multi_part)
-        )
-        if too_big:
-            if strict_placement:
-                raise TopicRefused(NO_NODE)
+        # The Python API is lenient: more partitions x replicas than nodes are placed
+        # round-robin (tests want small clusters), but every replica needs a node.
+        if replicas > len(alive):
             raise ClusterError(f"{replicas} replicas need as many live nodes ({len(alive)} alive)")
         topic = Topic(
             name,
@@ -239,13 +245,15 @@ class Topology:
         )
         if placement is not None:
             self._check_placement(placement, partitions, replicas)
+        else:
+            placement = _default_placement(alive, partitions, replicas, ordered or multi_part)
         for pid in range(partitions):
-            if placement is not None:
-                members = list(placement[pid])
-            else:
-                members = [alive[(pid + k) % len(alive)] for k in range(replicas)]
+            members = list(placement[pid])
             log_ = PartitionLog(pid, ext=ext, classic=False, topic_name=name)
             partition = Partition(topic, pid, members, members[0], log_)
+            if awaiting_check:
+                partition.awaiting_check = True
+                self._update_writable(partition)
             topic.partitions[pid] = partition
             self._partitions_by_log[id(log_)] = partition
         self.topics[name] = topic
@@ -345,6 +353,7 @@ class Topology:
             clock=time.monotonic,
             record=record,
         )
+        channel.late_echo = (log_.topic_name, name) in self._late_echoes
         partition = self._partitions_by_log.get(id(log_))
         if partition is not None:
             leader = partition.leader
@@ -374,6 +383,20 @@ class Topology:
                 copies[channel.name] = ChannelCopy(channel.name, channel.start_index, channel)
             else:
                 copy.follows = channel
+
+    def set_ordered_echo_late(self, topic: str, channel: str, late: bool) -> None:
+        """The fault :attr:`Channel.late_echo` on ``channel`` of every partition of
+        ``topic``, now and when the channel is opened again (a new leader's)."""
+        check_channel(channel)
+        found = self.topic(topic)
+        if late:
+            self._late_echoes.add((topic, channel))
+        else:
+            self._late_echoes.discard((topic, channel))
+        for partition in found.partitions.values():
+            live = partition.log.channels.get(channel)
+            if live is not None:
+                live.late_echo = late
 
     def client_left(self, channel: Channel) -> None:
         """A client left ``channel``: an ephemeral channel without clients is deleted."""
@@ -426,19 +449,34 @@ class Topology:
 
     def _update_writable(self, partition: Partition) -> None:
         alive = self._alive_replicas(partition)
-        partition.writable = (
+        partition.in_sync = (
             partition.leader is not None
             and partition.leader in alive
             and len(alive) >= self._quorum(partition)
             and not partition.forced_unwritable
         )
+        partition.writable = partition.in_sync and not partition.awaiting_check
 
     def set_writable(self, topic: str, partition: int, writable: bool) -> None:
-        """Make a partition refuse writes (E_FAILED_ON_NOT_WRITABLE) or take them again."""
+        """Make a partition lose its in-sync majority, as during a failover's catch-up
+        (publishes and FINs on ordered channels get E_FAILED_ON_NOT_WRITABLE), or regain it."""
         part = self.partition(topic, partition)
         part.forced_unwritable = not writable
         self._update_writable(part)
         self._changes.changed()
+
+    def run_topic_check(self) -> None:
+        """nsqlookupd's full topic check: topics created through it take writes from now on
+        (see :mod:`~smartnsq.testing.checks`)."""
+        changed = False
+        for topic in self.topics.values():
+            for part in topic.partitions.values():
+                if part.awaiting_check:
+                    part.awaiting_check = False
+                    self._update_writable(part)
+                    changed = True
+        if changed:
+            self._changes.changed()
 
     def _set_leader(self, partition: Partition, leader: int, *, restarted: bool = False) -> None:
         """Make ``leader`` serve the partition. Consumers of the old leader are detached.
@@ -608,3 +646,22 @@ class Topology:
         if alive:
             self._set_leader(partition, alive[0])
         # else: no replica left; the dead leader leads again when it comes back
+
+
+def _default_placement(
+    alive: Sequence[int], partitions: int, replicas: int, multi: bool
+) -> dict[int, list[int]]:
+    """partition -> nodes, leader first, as nsqlookupd's allocTopicLeaderAndISR places a new
+    topic: a plain topic on nodes of its own (no node holds two of its partitions), the
+    leaders first, then each partition's other replicas on the next unused nodes. An ordered
+    or multi-part topic (``multi``), or a plain one too big for that (which only the lenient
+    Python API creates), goes round-robin over the live nodes, so partitions share nodes."""
+    if not multi and partitions * replicas <= len(alive):
+        spare = iter(alive[partitions:])
+        return {
+            pid: [alive[pid], *(next(spare) for _ in range(replicas - 1))]
+            for pid in range(partitions)
+        }
+    return {
+        pid: [alive[(pid + k) % len(alive)] for k in range(replicas)] for pid in range(partitions)
+    }

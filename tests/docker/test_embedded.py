@@ -12,7 +12,12 @@ import pytest
 
 import smartnsq
 from smartnsq import sync
-from smartnsq.testing.containers import LABEL, EmbeddedContainerCluster
+from smartnsq.testing.containers import (
+    LABEL,
+    ContainerClusterError,
+    EmbeddedContainerCluster,
+    YouzanContainerCluster,
+)
 from smartnsq.transport.lookup import LookupManager
 
 
@@ -140,3 +145,26 @@ async def test_the_pytest_fixture(nsq_docker_cluster: EmbeddedContainerCluster) 
     async with nsq_docker_cluster.producer() as producer:
         result = await producer.publish("audit", b"x", partition=1)
     assert result.address in nsq_docker_cluster.nsqd_addresses
+
+
+@pytest.mark.timeout(60)  # half the startup timeout: waiting it out fails the test
+def test_a_container_that_exits_fails_the_start_at_once(embedded_image: str) -> None:
+    """A youzan cluster whose images are not youzan's: etcd's command line reaches the
+    smartnsq CLI, which exits 2. The start fails at once, naming the container and quoting
+    its log, instead of waiting 120 s for an HTTP answer that cannot come."""
+    cluster = YouzanContainerCluster(
+        1, image=embedded_image, etcd_image=embedded_image, startup_timeout=120
+    )
+    with pytest.raises(ContainerClusterError) as caught:
+        cluster.open()
+    text = str(caught.value)
+    assert text.startswith(
+        f"container etcd ({embedded_image}) exited with code 2 before it was ready; "
+        "the last lines of its log: smartnsq: error: "
+    )
+    assert "invalid choice: '/usr/local/bin/etcd'" in text
+    client = docker.from_env()
+    try:  # what was started is removed
+        assert client.containers.list(all=True, filters={"label": f"{LABEL}={cluster.id}"}) == []
+    finally:
+        client.close()

@@ -16,6 +16,7 @@ from smartnsq.errors import (
     ChannelNotRegisteredError,
     ConnectionClosedError,
     NSQTimeoutError,
+    PlacementError,
     UnsupportedFeatureError,
     ValidationError,
 )
@@ -26,10 +27,16 @@ from smartnsq.testing import Cluster
 V1 = {"Accept": "application/vnd.nsq; version=1.0"}
 
 
+# nsqlookupd's topic checks every 5 s instead of 60: a topic created through it takes writes
+# after a check, which may come 0.5 s after the last instead of 6 (test_cluster_topic_checks.py
+# runs the real timing).
+CHECKS = {"topic_check_interval": 5.0}
+
+
 @pytest.fixture
 async def cluster() -> AsyncIterator[Cluster]:
     # partitions x replicas may not exceed the nodes (nsqlookupd's rule, unless ordered)
-    async with Cluster(nodes=4, lookupds=2) as c:
+    async with Cluster(nodes=4, lookupds=2, **CHECKS) as c:
         yield c
 
 
@@ -93,6 +100,98 @@ async def test_create_topic_is_idempotent_and_refuses_other_settings(cluster: Cl
         with pytest.raises(AdminError, match=r"exists with other settings \(2 partitions x 2"):
             await admin.create_topic("t", 4, 2, ordered=True, channels=["c"])
     assert cluster.topics["t"].registered_channels == ["c"]
+
+
+async def test_a_topic_that_cannot_be_placed_is_refused_in_words_before_sending() -> None:
+    """nsqlookupd places every replica of a partition on a node of its own, and a plain topic
+    one node per replica of every partition: Admin counts the nodes (/nodes) and says so
+    before posting, with what would fit (docker_real_images.txt: a 2x2 plain topic on the
+    3-node compose cluster got "ErrType:9 ErrCode:1 : No node is available for topic")."""
+    async with Cluster(nodes=3, **CHECKS) as cluster, Admin([cluster.lookupd_url]) as admin:
+        with pytest.raises(PlacementError) as caught:
+            await admin.create_topic("t", 2, 2)
+        error = caught.value
+        assert isinstance(error, ValidationError)
+        assert isinstance(error, AdminError)
+        assert error.status is None  # nothing was sent
+        assert (error.field, error.partitions, error.replicas, error.nodes) == (
+            "partitions",
+            2,
+            2,
+            3,
+        )
+        assert str(error) == (
+            "partitions: a plain topic puts every replica of every partition on a node of its "
+            "own: 2 partitions x 2 replicas need 4 nsqd nodes, the cluster has 3 nsqd nodes. "
+            "Ask for at most 1 x 2 or 2 x 1 (partitions x replicas), or make the topic "
+            "ordered or multi-part (ordered=True or multi_part=True; smartnsq topic create "
+            "--ordered or --multi-part), whose partitions may share nodes"
+        )
+        with pytest.raises(PlacementError, match=r"^replicas: 4 replicas asked, but the cluster"):
+            await admin.create_topic("t", 1, 4, ordered=True)
+        assert "t" not in cluster.topics
+        # What fits: ordered and multi-part topics share nodes
+        await admin.create_topic("o", 2, 2, ordered=True)
+        await admin.create_topic("m", 2, 2, multi_part=True)
+        await admin.create_topic("m", 2, 2, multi_part=True)  # the same again: fine
+        assert cluster.topics["m"].multi_part
+        assert not cluster.topics["o"].multi_part
+        assert (await _lookup(cluster, "m"))["meta"]["multi_part"] is True  # type: ignore[index]
+        with pytest.raises(AdminError, match="exists with other settings"):
+            await admin.create_topic("m", 2, 2, ordered=True)
+        await admin.create_topic("one", 1, 2, multi_part=True)
+        with pytest.raises(AdminError, match=r"exists with other settings \(1 partitions x 2"):
+            await admin.create_topic("one", 1, 2)  # nsqlookupd compares multi-part too
+
+
+async def test_an_existing_topic_is_fine_with_a_node_down() -> None:
+    """Creating a topic that exists with the same settings is not an error, also while the
+    cluster has fewer nodes than a new one would need."""
+    async with Cluster(nodes=3, **CHECKS) as cluster, Admin([cluster.lookupd_url]) as admin:
+        await admin.create_topic("t", 1, 3, channels=["c"])
+        await cluster.stop_node(2)
+        await admin.create_topic("t", 1, 3, channels=["c"])  # 2 of its 3 replicas: writable
+        with pytest.raises(PlacementError, match="3 replicas asked, but the cluster has 2"):
+            await admin.create_topic("u", 1, 3)
+
+
+async def test_nsqlookupds_placement_refusal_is_said_in_words(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without a node count (a lookupd that does not list its nodes), the refusal comes from
+    nsqlookupd: said in words, its own text kept as the detail."""
+
+    async def unknown(self: Admin) -> None:
+        return None
+
+    monkeypatch.setattr(Admin, "_node_count", unknown)
+    async with Cluster(nodes=3) as cluster, Admin([cluster.lookupd_url]) as admin:
+        with pytest.raises(PlacementError) as caught:
+            await admin.create_topic("t", 2, 2)
+    error = caught.value
+    assert (error.status, error.nodes, error.field) == (400, None, "partitions")
+    assert error.detail == "ErrType:9 ErrCode:1 : No node is available for topic"
+    assert error.url == cluster.lookupd_url + "/topic/create"
+    assert error.reason.startswith(
+        "nsqlookupd found no nsqd node for part of topic 't' (2 partitions x 2 replicas): "
+        "every replica of a partition needs a live node of its own, and a plain topic one per "
+        "replica of every partition"
+    )
+    assert str(error).endswith(
+        f"(HTTP 400 from {error.url}: ErrType:9 ErrCode:1 : No node is available for topic)"
+    )
+
+
+async def test_registering_a_channel_of_no_topic_says_so(cluster: Cluster) -> None:
+    async with Admin([cluster.lookupd_url]) as admin:
+        with pytest.raises(AdminError) as caught:
+            await admin.create_channel("nosuch", "c")
+    error = caught.value
+    assert error.message.startswith(
+        "cannot register channel 'c': the cluster has no topic 'nosuch'"
+    )
+    assert (error.status, error.detail) == (400, "Key not found")
+    assert str(error).endswith(": Key not found)")
 
 
 async def test_create_channel_registers_on_every_replica(cluster: Cluster) -> None:

@@ -66,3 +66,60 @@ async def test_classic_through_nsqd_http() -> None:
         result = await smartnsq("topic", "delete", "t", "--nsqd-http", http)
         assert (result.rc, result.out) == (0, "topic t: deleted\n")
         assert "t" not in cluster.nodes[0].classic_topics
+
+
+async def test_a_topic_that_cannot_be_placed_is_a_usage_error_in_words() -> None:
+    """issue 21: `topic create --replicas 5` on 4 nodes printed nsqlookupd's raw
+    "ErrType:9 ErrCode:1 : No node is available for topic"."""
+    async with Cluster(nodes=4) as cluster:
+        result = await smartnsq(
+            "topic", "create", "t", "--replicas", "5", "--lookupd", cluster.lookupd_url
+        )
+        assert result.rc == 2, result
+        (line,) = result.err_lines
+        assert line == (
+            "smartnsq topic: error: replicas: 5 replicas asked, but the cluster has 4 nsqd "
+            "nodes: every replica of a partition needs a node of its own; ask for at most 4"
+        )
+        result = await smartnsq(
+            "topic", "create", "t", "--partitions", "3", "--replicas", "2",
+            "--lookupd", cluster.lookupd_url,
+        )  # fmt: skip
+        assert result.rc == 2, result
+        assert "3 partitions x 2 replicas need 6 nsqd nodes" in result.err_lines[0]
+        assert "--multi-part" in result.err_lines[0]
+        assert "t" not in cluster.topics
+        result = await smartnsq(
+            "topic", "create", "t", "--partitions", "3", "--replicas", "2", "--multi-part",
+            "--lookupd", cluster.lookupd_url,
+        )  # fmt: skip
+        assert (result.rc, result.out) == (0, "topic t: 3 partitions x 2 replicas (multi-part)\n")
+        assert cluster.topics["t"].multi_part
+
+
+async def test_channel_create_of_no_topic_says_which() -> None:
+    """issue 21: `channel create nosuch c` printed only "Key not found"."""
+    async with Cluster(nodes=1) as cluster:
+        result = await smartnsq(
+            "channel", "create", "nosuch", "c", "--lookupd", cluster.lookupd_url
+        )
+        assert result.rc == 1
+        (line,) = result.err_lines
+        assert line.startswith(
+            "smartnsq channel: error: cannot register channel 'c': the cluster has no topic "
+            "'nosuch'; create the topic first"
+        )
+        assert line.endswith("/channel/create: Key not found)")
+
+
+async def test_classic_topic_create_says_what_classic_made() -> None:
+    """issue 21: on classic NSQ `topic create` printed "1 partition x 1 replica"."""
+    async with Cluster(classic=True) as cluster:
+        result = await smartnsq(
+            "topic", "create", "events", "--channel", "c", "--lookupd", cluster.lookupd_url
+        )
+        assert (result.rc, result.out) == (
+            0,
+            "topic events: created on every nsqd (classic NSQ: no partitions or replicas), "
+            "channels: c\n",
+        )

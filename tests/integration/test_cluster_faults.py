@@ -10,7 +10,7 @@ import pytest
 
 from smartnsq.protocol import commands as c
 from smartnsq.protocol.message import MessageLayout
-from smartnsq.testing import Cluster
+from smartnsq.testing import Cluster, ClusterError
 from tests.integration.rawclient import RawClient
 
 YOUZAN = MessageLayout.youzan()
@@ -363,3 +363,162 @@ async def test_a_client_leaving_with_messages_in_flight(classic: bool) -> None:
             assert cluster.channel_record("t", "c").timed_out == []
         for client in (producer, staying):
             await client.close()
+
+
+async def test_fin_on_an_ordered_channel_without_its_in_sync_majority_is_fatal() -> None:
+    """docker_real_images.txt item 5 and protocol_v2.go FIN: while a partition lacks a
+    majority of in-sync replicas (Cluster.set_writable(False), or a failover's catch-up),
+    SUB_ORDERED succeeds and delivers, but the FIN of an ordered channel is a cluster error:
+    fatal E_FAILED_ON_NOT_WRITABLE, empty description, whatever the id. REQ and TOUCH stay
+    local to the node, and a plain channel's FIN is not refused."""
+    async with Cluster(nodes=2) as cluster:
+        await cluster.create_topic("o", 1, 2, ordered=True, channels=["c"])
+        await cluster.create_topic("p", 1, 2, channels=["c"])
+        producer = await _producer(cluster, 0)
+        for topic in ("o", "p"):
+            await producer.ok(c.pub(topic, b"m0", 0))
+        await cluster.set_writable("o", 0, False)
+        await cluster.set_writable("p", 0, False)
+        layout = MessageLayout.youzan(detail=True)
+
+        consumer = await RawClient.identified(cluster.nsqd_addresses[0])
+        await consumer.ok(c.sub_ordered("o", "c", 0))
+        consumer.send(c.rdy(1))
+        message = await consumer.message(layout)
+        assert message.body == b"m0"
+        assert (await consumer.message(layout)).id == message.id  # the first, sent twice
+        consumer.send(c.touch(message.id))
+        consumer.send(c.req(message.id, 0))  # back to the queue at once, then again
+        again = await consumer.message(layout)
+        assert (again.id, again.attempts) == (message.id, 2)
+        assert await consumer.error(c.fin(again.id)) == "E_FAILED_ON_NOT_WRITABLE "
+        assert await consumer.closed()
+        assert cluster.unfinished("o", "c") == 1
+
+        # subscribing again works and redelivers; an unknown id is refused the same way
+        consumer = await RawClient.identified(cluster.nsqd_addresses[0])
+        await consumer.ok(c.sub_ordered("o", "c", 0))
+        consumer.send(c.rdy(1))
+        assert (await consumer.message(layout)).body == b"m0"
+        assert await consumer.error(c.fin(b"\x00" * 7 + b"\x09" + b"\x00" * 8)) == (
+            "E_FAILED_ON_NOT_WRITABLE "
+        )
+        assert await consumer.closed()
+
+        plain = await RawClient.identified(cluster.nsqd_addresses[0])
+        await plain.ok(c.sub("p", "c", 0))
+        plain.send(c.rdy(1))
+        delivered = await plain.message(YOUZAN)
+        plain.send(c.fin(delivered.id))
+        await cluster.wait_for(lambda: cluster.unfinished("p", "c") == 0)
+
+        await cluster.set_writable("o", 0, True)  # in sync again: the FIN goes through
+        consumer = await RawClient.identified(cluster.nsqd_addresses[0])
+        await consumer.ok(c.sub_ordered("o", "c", 0))
+        consumer.send(c.rdy(1))
+        last = await consumer.message(layout)
+        consumer.send(c.fin(last.id))
+        await cluster.wait_for(lambda: cluster.unfinished("o", "c") == 0)
+        for client in (producer, consumer, plain):
+            await client.close()
+
+
+async def test_fin_on_an_ordered_channel_after_a_crash_that_loses_the_majority() -> None:
+    """2 replicas, the leader crashes: the new leader serves SUB_ORDERED, but its FINs are
+    refused (fatal E_FAILED_ON_NOT_WRITABLE) until the crashed node is back in sync."""
+    async with Cluster(nodes=2) as cluster:
+        await cluster.create_topic("o", 1, 2, ordered=True, channels=["c"])
+        producer = await _producer(cluster, 0)
+        await producer.ok(c.pub("o", b"m0", 0))
+        await producer.close()
+        await cluster.stop_node(0)
+        assert cluster.leader("o", 0) == 1
+        layout = MessageLayout.youzan(detail=True)
+        consumer = await RawClient.identified(cluster.nsqd_addresses[1])
+        await consumer.ok(c.sub_ordered("o", "c", 0))
+        consumer.send(c.rdy(1))
+        message = await consumer.message(layout)
+        assert (await consumer.message(layout)).id == message.id  # its channel's first, twice
+        assert await consumer.error(c.fin(message.id)) == "E_FAILED_ON_NOT_WRITABLE "
+        assert await consumer.closed()
+        await cluster.start_node(0)
+        consumer = await RawClient.identified(cluster.nsqd_addresses[1])
+        await consumer.ok(c.sub_ordered("o", "c", 0))
+        consumer.send(c.rdy(1))
+        consumer.send(c.fin((await consumer.message(layout)).id))
+        await cluster.wait_for(lambda: cluster.unfinished("o", "c") == 0)
+        await consumer.close()
+
+
+def _go_bytes(data: bytes) -> str:
+    return "[" + " ".join(str(b) for b in data) + "]"
+
+
+async def test_late_echo_of_the_first_ordered_delivery() -> None:
+    """docker_real_images.txt item 6 as a fault: the first ordered delivery goes out twice,
+    and the second copy is put in flight only after the FIN of the first, which fails
+    non-fatally as not in flight (sub_ordered_first_delivery_twice.txt's text). The message is
+    then in flight: the partition delivers nothing more until it is answered again (or its
+    msg_timeout passes)."""
+    async with Cluster(nodes=2) as cluster:
+        await cluster.create_topic("o", 1, 2, ordered=True, channels=["ord"])
+        producer = await _producer(cluster, 0)
+        for body in (b"m0", b"m1", b"m2"):
+            await producer.ok(c.pub("o", body, 0))
+        cluster.set_ordered_echo_late("o", "ord")
+        layout = MessageLayout.youzan(detail=True)
+        consumer = await RawClient.identified(cluster.nsqd_addresses[0], msg_timeout=1000)
+        await consumer.ok(c.sub_ordered("o", "ord", 0))
+        consumer.send(c.rdy(1))
+        first = await consumer.message(layout)
+        second = await consumer.message(layout)
+        assert (second.id, second.attempts, second.body) == (first.id, 1, b"m0")
+        assert await consumer.error(c.fin(first.id)) == (
+            f"E_FIN_FAILED FIN {_go_bytes(first.id)} failed ErrType:7 ErrCode:0 : "
+            "Message ID not in flight"
+        )
+        assert cluster.in_flight("o", "ord") == 1  # the second copy, in flight now
+        assert await consumer.silent(0.3)  # it holds the partition
+        # unanswered, it times out (msg_timeout 1 s) and comes again
+        again = await consumer.message(layout, timeout=3)
+        assert (again.id, again.attempts) == (first.id, 2)
+        consumer.send(c.fin(again.id))
+        assert (await consumer.message(layout)).body == b"m1"
+        assert [r[1] for r in cluster.channel_record("o", "ord").timed_out] == [first.internal_id]
+        await consumer.close()
+        await producer.close()
+
+
+async def test_late_echo_answered_again_goes_on() -> None:
+    """The client that answers the second copy (FIN again) unblocks the partition at once;
+    a TOUCH as first answer fails the same way. Without the fault, the first FIN succeeds."""
+    async with Cluster(nodes=1) as cluster:
+        for topic in ("late", "usual"):
+            await cluster.create_topic(topic, 1, 1, ordered=True, channels=["c"])
+            producer = await _producer(cluster, 0)
+            for body in (b"m0", b"m1"):
+                await producer.ok(c.pub(topic, body, 0))
+            await producer.close()
+        cluster.set_ordered_echo_late("late", "c")
+        layout = MessageLayout.youzan(detail=True)
+
+        consumer = await RawClient.identified(cluster.nsqd_addresses[0])
+        await consumer.ok(c.sub_ordered("late", "c", 0))
+        consumer.send(c.rdy(1))
+        first = await consumer.message(layout)
+        assert (await consumer.message(layout)).id == first.id
+        assert (await consumer.error(c.touch(first.id))).startswith("E_TOUCH_FAILED TOUCH ")
+        consumer.send(c.fin(first.id))  # the second copy: in flight now, finished
+        assert (await consumer.message(layout)).body == b"m1"
+        await consumer.close()
+
+        consumer = await RawClient.identified(cluster.nsqd_addresses[0])
+        await consumer.ok(c.sub_ordered("usual", "c", 0))
+        consumer.send(c.rdy(1))
+        first = await consumer.message(layout)
+        assert (await consumer.message(layout)).id == first.id
+        consumer.send(c.fin(first.id))  # the first FIN finishes it
+        assert (await consumer.message(layout)).body == b"m1"
+        await consumer.close()
+        with pytest.raises(ClusterError):
+            cluster.set_ordered_echo_late("nosuch", "c")

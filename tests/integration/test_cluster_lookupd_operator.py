@@ -394,3 +394,56 @@ async def test_topic_create_recorded_answers(youzan: Cluster) -> None:
 async def test_topic_create_errors(youzan: Cluster, params: dict[str, Any], message: str) -> None:
     assert _error(await _call(youzan, "/topic/create", params)) == (400, message)
     assert "n" not in youzan.topics
+
+
+NO_NODE_BODY = b'{"message":"ErrType:9 ErrCode:1 : No node is available for topic"}'
+
+
+@pytest.mark.parametrize(
+    ("nodes", "partitions", "replicas", "flag", "placed"),
+    [
+        # docker_real_images.txt: a plain topic needs partitions x replicas <= nodes
+        (3, 2, 2, None, False),
+        (3, 4, 2, None, False),
+        (3, 2, 2, "orderedmulti", True),  # a node may lead several of its partitions
+        (4, 4, 1, None, True),
+        (4, 8, 1, None, False),
+        # PROTOCOL.md 9 and nsqlookupd's CreateTopic: multi-part lifts it too, and no topic
+        # gets more replicas than nodes
+        (3, 2, 2, "multipart", True),
+        (3, 1, 3, None, True),
+        (3, 1, 4, "orderedmulti", False),
+    ],
+)
+async def test_topic_create_places_as_nsqlookupd_does(
+    nodes: int, partitions: int, replicas: int, flag: str | None, placed: bool
+) -> None:
+    params = {"topic": "t", "partition_num": partitions, "replicator": replicas}
+    if flag is not None:
+        params[flag] = "true"
+    async with Cluster(nodes=nodes) as cluster:
+        async with httpx.AsyncClient(timeout=5) as http:
+            url = cluster.lookupd_url + "/topic/create"
+            answer = await http.post(url, params=params, headers=V1)
+        if placed:
+            _done(answer)
+            assert len(cluster.topology("t")) == partitions
+        else:
+            assert (answer.status_code, answer.content) == (400, NO_NODE_BODY)
+            assert answer.headers[V1_CONTENT[0]] == V1_CONTENT[1]
+            assert "t" not in cluster.topics
+
+
+async def test_topic_create_checks_the_nodes_before_the_topic() -> None:
+    """nsqlookupd's CreateTopic counts the live nodes before it looks for the topic: posting
+    an existing topic again, same settings, is refused while too few nodes are up."""
+    params = {"topic": "t", "partition_num": 1, "replicator": 3}
+    async with Cluster(nodes=3) as cluster, httpx.AsyncClient(timeout=5) as http:
+        url = cluster.lookupd_url + "/topic/create"
+        _done(await http.post(url, params=params, headers=V1))
+        _done(await http.post(url, params=params, headers=V1))
+        await cluster.stop_node(2)
+        answer = await http.post(url, params=params, headers=V1)
+        assert (answer.status_code, answer.content) == (400, NO_NODE_BODY)
+        await cluster.start_node(2)
+        _done(await http.post(url, params=params, headers=V1))

@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 
 from smartnsq.protocol import commands as c
 from smartnsq.protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_RESPONSE, Frame
+from smartnsq.protocol.lookupd import ACCEPT_V1
 from smartnsq.protocol.message import MessageLayout, encode_message_frame
 from smartnsq.protocol.responses import TraceReceipt
 from smartnsq.testing import Cluster
@@ -497,6 +499,35 @@ async def test_publishing_without_partition_to_a_replica_only_node() -> None:
             assert await replica.error(command) == "E_TOPIC_NOT_EXIST ", command
             assert await replica.closed()
         assert cluster.messages("p") == cluster.messages("o") == []
+
+
+async def test_a_plain_topic_on_four_nodes_puts_each_replica_on_a_node_of_its_own() -> None:
+    """nsqlookupd places a plain topic's partitions on nodes of their own (the captures' ptest,
+    2x2 on 4 nodes: {0: [1, 2], 1: [3, 0]}), so a node holding a replica leads nothing of the
+    topic and a publish without a partition has no default partition there: fatal
+    E_TOPIC_NOT_EXIST, over TCP (PUB, MPUB) and HTTP (/pub, /mpub). The leaders take it."""
+    async with Cluster(nodes=4) as cluster:  # smartnsq cluster --nodes 4 --topic p:2:2
+        await cluster.create_topic("p", 2, 2, channels=["c"])
+        layout = cluster.topology("p")
+        holders = sorted(node for part in layout.values() for node in part["replicas"])
+        assert holders == [0, 1, 2, 3]
+        for part in layout.values():
+            (replica,) = (node for node in part["replicas"] if node != part["leader"])
+            for command in (c.pub("p", b"x"), c.mpub("p", [b"x"])):
+                client = await _client(cluster, replica)
+                assert await client.error(command) == "E_TOPIC_NOT_EXIST ", (replica, command)
+                assert await client.closed()
+            async with httpx.AsyncClient() as http:
+                for path in ("/pub", "/mpub"):
+                    url = f"http://{cluster.nsqd_http_addresses[replica]}{path}?topic=p"
+                    answer = await http.post(url, content=b"x", headers={"Accept": ACCEPT_V1})
+                    assert answer.status_code == 404, (replica, path)
+                    assert answer.json() == {"message": "E_TOPIC_NOT_EXIST"}
+            leader = await _client(cluster, part["leader"])
+            await leader.ok(c.pub("p", b"to the leader"))
+            await leader.close()
+        for pid in layout:
+            assert [r.body for r in cluster.messages("p", pid)] == [b"to the leader"]
 
 
 async def test_pub_ext_with_an_empty_header_is_a_non_fatal_invalid_json_header(

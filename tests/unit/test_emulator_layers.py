@@ -11,7 +11,17 @@ TESTING = Path(__file__).resolve().parents[2] / "smartnsq" / "testing"
 PACKAGE = "smartnsq.testing."
 
 # Data and rules: no servers, no sockets.
-FLOOR = ("errors", "golang", "state", "directory", "changes", "topology", "publish", "offsets")
+FLOOR = (
+    "errors",
+    "golang",
+    "state",
+    "directory",
+    "changes",
+    "checks",
+    "topology",
+    "publish",
+    "offsets",
+)
 SERVERS = ("http", "nsqd", "nsqd_stats", "nsqd_http", "lookupd")
 
 
