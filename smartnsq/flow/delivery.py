@@ -338,10 +338,12 @@ class DeliveryLedger(Generic[L]):
             return _DROP
         last = lane.last  # only ordered lanes keep it
         if last is not None and last[0] == message_id and last[1] == delivery.attempts:
-            # The same delivery again, right after it was answered (youzan: the first
-            # message of a channel's first SUB_ORDERED): the first copy had the one answer.
+            # The same delivery again, after it was answered (youzan: the first message of a
+            # channel's first SUB_ORDERED, whose copy nsqd may put in flight only once the
+            # first answer reached it): it gets that answer again, never the handler.
             self.counts.duplicates += 1
-            return _DROP
+            lane.repeats += 1
+            return Decision(ANSWER, ((lane, last[2]),))
         pending.add(message_id)
         delivery.lane = lane
         delivery.responded = False

@@ -130,17 +130,26 @@ def test_a_copy_of_a_delivery_in_flight_is_dropped_unanswered() -> None:
     assert ledger.counts.duplicates == 1
 
 
-def test_ordered_a_copy_right_after_the_answer_is_dropped() -> None:
+def test_ordered_a_copy_of_an_answered_delivery_gets_the_same_answer_again() -> None:
+    """youzan may put the copy in flight only after the first FIN reached it: dropping the
+    copy would hold the partition until msg_timeout."""
     ledger = _ledger(ordered=True)
     lane = _lane(ledger)
     message = _delivery(1)
     ledger.receive(lane, message)
     ledger.finish(message)
     decision = ledger.receive(lane, _copy(message))
-    assert decision.verdict == DROP
-    assert decision.send == ()
+    assert decision.verdict == ANSWER
+    assert decision.send == ((lane, commands.fin(message.id)),)
     assert ledger.in_flight == 0
-    assert ledger.counts.duplicates == 1
+    assert (ledger.counts.duplicates, ledger.counts.finished) == (1, 1)
+    assert ledger.expected_refusal(lane)  # nsqd may refuse one of the two: expected
+    assert not ledger.expected_refusal(lane)
+    failed = _delivery(2)  # a requeued one's copy gets the REQ again
+    ledger.receive(lane, failed)
+    ledger.handler_done(message)
+    ledger.requeue(failed, 0.0)
+    assert ledger.receive(lane, _copy(failed)).send == ((lane, commands.req(failed.id, 0)),)
 
 
 def test_unordered_attempts_over_the_limit_are_given_up() -> None:
@@ -440,7 +449,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def _receive(self, lane: Lane, message: Delivery) -> None:
         decision = self.ledger.receive(lane, message)
-        if decision.verdict not in (DROP,) and message.lane is lane:
+        if getattr(message, "lane", None) is lane:  # taken (not a copy dropped or repeated)
             self.received.append(message)
         self._apply(decision)
         if decision.verdict == RUN:
