@@ -83,6 +83,9 @@ class ConsumerStats:
     order_violations: int = 0
     connects: int = 0
     reconnects: int = 0
+    # connections closed soon after their SUB succeeded (within STABLE_AFTER, 10 s): counted
+    # as failed subscribes, whose retries back off
+    short_lived: int = 0
     in_flight: int = 0
     connections: int = 0
     per_partition: dict[int | None, int] = field(default_factory=dict)
@@ -434,6 +437,7 @@ class Consumer:
             handler_errors=dispatcher.handler_errors,
             touched=dispatcher.touched,
             server_errors=dispatcher.server_errors,
+            short_lived=self._subscriber.short_lived,
             connections=self._subscriber.open_subscriptions(),
         )
         ledger = dispatcher.ledger

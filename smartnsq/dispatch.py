@@ -201,8 +201,6 @@ class Dispatcher:
     def subscribed(self, sub: Subscription) -> None:
         """A new subscription gets its share of the flow."""
         self.connects += 1
-        if self._loop is not None:
-            sub.subscribed_at = self._loop.time()
         if self.ledger is None:
             return
         self._apply(self.ledger.add_lane(sub, sub.conn.max_rdy_count))

@@ -37,12 +37,15 @@ from smartnsq.subscription import Answerer, Key, Subscription
 from smartnsq.transport.connection import Connection, ConnectionConfig
 from smartnsq.transport.lookup import LookupManager
 
-__all__ = ["MISSING_TOPIC_BACKOFF", "Subscriber", "SubscriptionListener"]
+__all__ = ["MISSING_TOPIC_BACKOFF", "STABLE_AFTER", "Subscriber", "SubscriptionListener"]
 
 log = logging.getLogger("smartnsq.consumer")
 
 # How often a consumer looks for a topic that does not exist yet.
 MISSING_TOPIC_BACKOFF = Backoff(initial=0.5, maximum=5.0)
+# A subscription that lasts less than this many seconds counts as a failed subscribe: its
+# reconnections back off instead of following at once.
+STABLE_AFTER = 10.0
 
 
 class SubscriptionListener(Protocol):
@@ -124,6 +127,9 @@ class Subscriber:
         self.wanted: frozenset[int] = frozenset()
         self._retry_at: dict[Key, float] = {}
         self._failures: dict[Key, int] = {}
+        self._addresses: dict[int | None, str] = {}  # partition -> the nsqd last subscribed
+        # subscriptions closed within STABLE_AFTER of their SUB (counted as failed subscribes)
+        self.short_lived = 0
         self._relookups = 0
         self._topic_missing = False
         self._force_refresh = False
@@ -390,8 +396,22 @@ class Subscriber:
             self._connect_failed(key, NSQError("connection closed after SUB"))
             return
         self.subs[key] = sub
-        self._failures.pop(key, None)
+        # The failures in a row are forgotten only once the subscription lasts (_on_close):
+        # a SUB that succeeds on a node that then drops the connection is no success.
         self._retry_at.pop(key, None)
+        if self._loop is not None:
+            sub.subscribed_at = self._loop.time()
+        moved_from = self._addresses.get(partition)
+        self._addresses[partition] = address
+        if partition is not None and moved_from is not None and moved_from != address:
+            log.info(
+                "%s/%s: partition %s's leader moved from %s to %s",
+                self.topic,
+                self.channel,
+                partition,
+                moved_from,
+                address,
+            )
         log.info(
             "%s/%s: subscribed to %s partition %s", self.topic, self.channel, address, partition
         )
@@ -419,8 +439,9 @@ class Subscriber:
         )
 
     def _count_failure(self, key: Key, *, first_at_once: bool) -> int:
-        """One more failure in a row for ``key`` (reset once it subscribes): the next attempt
-        waits the reconnect backoff, except the first one with ``first_at_once``."""
+        """One more failure in a row for ``key`` (forgotten once a subscription lasts): the
+        next attempt waits the reconnect backoff, except the first one with
+        ``first_at_once``."""
         failures = self._failures.get(key, 0) + 1
         self._failures[key] = failures
         if self._loop is not None and (failures > 1 or not first_at_once):
@@ -434,14 +455,42 @@ class Subscriber:
         listener.lost(sub)
         if not listener.running or sub.closing:
             return
-        listener.warn(
-            ("lost", sub.address), "%s: connection to %s lost: %s", self.topic, sub.address, exc
-        )
         if isinstance(exc, ServerError) and not exc.retriable:
+            listener.warn(
+                ("lost", sub.address), "%s: connection to %s lost: %s", self.topic, sub.address, exc
+            )
             listener.fatal(exc)
             return
-        # A connection that was working is retried at once; one that keeps dropping backs off.
-        self._count_failure(sub.key, first_at_once=True)
+        lasted = self._loop.time() - sub.subscribed_at if self._loop is not None else 0.0
+        if lasted >= STABLE_AFTER:
+            # A subscription that was working (a leader move, an nsqd restart): expected,
+            # retried at once.
+            self._failures.pop(sub.key, None)
+            log.info(
+                "%s/%s: connection to %s closed (%s); subscribing again",
+                self.topic,
+                self.channel,
+                sub.address,
+                exc,
+            )
+            self._count_failure(sub.key, first_at_once=True)
+        else:
+            # Dropped soon after its SUB succeeded (real youzan: a new leader not writable
+            # yet refuses the FIN of what it redelivers, fatally): a failed subscribe, which
+            # backs off, rather than a storm of reconnections hammering a recovering node.
+            self.short_lived += 1
+            failures = self._count_failure(sub.key, first_at_once=False)
+            listener.warn(
+                ("lost", sub.address),
+                "%s: connection to %s closed %.1f s after subscribing (%s); retrying in "
+                "%.1f s (%d in a row)",
+                self.topic,
+                sub.address,
+                lasted,
+                exc,
+                self._retry_at.get(sub.key, 0.0) - (self._loop.time() if self._loop else 0.0),
+                failures,
+            )
         self.wake_up(refresh=self.lookup is not None)
 
     def _retire(self, sub: Subscription) -> None:

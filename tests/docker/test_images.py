@@ -36,9 +36,10 @@ needs_classic = pytest.mark.skipif(
 FAILOVER_BUDGET = 180.0
 PUBLISHES = 300
 KILLED_AFTER = 50  # publishes before the leader of partition 0 is killed
-# The storm was ~530 reconnects per second per consumer; backing off, a consumer reconnects
-# a few times during a two-minute outage.
-MAX_RECONNECTS = 60
+# The storm was ~530 reconnects per second per consumer. Backing off (a connection closed
+# soon after subscribing waits like a failed subscribe: at most one try per 1.5 s), a
+# consumer reconnects about 70 times in the measured 95-104 s outage.
+MAX_RECONNECTS = 150
 
 
 async def _round_trip(
@@ -116,9 +117,10 @@ async def test_youzan_cluster_through_a_leader_crash() -> None:
         for partition, bodies in acknowledged.items():
             firsts = list(dict.fromkeys(b for b in received[partition] if b in set(bodies)))
             assert firsts == bodies, f"partition {partition} out of order"
-        # ConsumerStats.reconnects: one reconnect per failed connection, backed off (the
-        # integrator's storm counter, when it lands, belongs here too)
+        # ConsumerStats.reconnects: one per lost connection; short_lived: those that closed
+        # soon after subscribing (the storm's), backed off
         assert stats.reconnects <= MAX_RECONNECTS, stats
+        assert stats.short_lived <= MAX_RECONNECTS, stats
         await asyncio.to_thread(cluster.start, killed)
 
 

@@ -92,3 +92,38 @@ async def test_ordered_failures_back_off_only_their_partition() -> None:
         assert done == {key: list(range(30)) for key in range(40)}
         assert calls == 1200 + len(doomed)
         assert (stats.order_violations, stats.handler_errors) == (0, len(doomed))
+
+
+async def test_a_partition_that_refuses_fins_does_not_cause_a_reconnect_storm() -> None:
+    """Real youzan, a new leader not writable yet: SUB_ORDERED succeeds, the replayed message
+    arrives, its FIN is answered E_FAILED_ON_NOT_WRITABLE (fatal) and the connection closes.
+    A connection that dies right after subscribing backs off like a failed subscribe (it
+    reconnected at once, ~530 times a second, docker_real_images.txt item 5); the partition
+    is consumed again once it takes writes, each message handled once."""
+    async with Cluster(nodes=1) as cluster:
+        await cluster.create_topic("orders", 1, 1, ordered=True, channels=["c"])
+        async with Producer(lookupd=[cluster.lookupd_url]) as producer:
+            await producer.publish("orders", b"m0", partition=0)
+        handled: list[bytes] = []
+
+        async def handle(message: Message) -> None:
+            handled.append(message.body)
+
+        await cluster.set_writable("orders", 0, False)
+        consumer = Consumer(
+            "orders", "c", lookupd=[cluster.lookupd_url], handler=handle, ordered=True
+        )
+        async with consumer:
+            record = cluster.channel_record("orders", "c")
+            await cluster.wait_for(lambda: len(record.deliveries) >= 2)
+            started = time.monotonic()
+            # An observation window, not a synchronisation: how often it comes back.
+            await asyncio.sleep(1.0)
+            window = time.monotonic() - started
+            stats = consumer.stats()
+            assert len(record.deliveries) <= 2 + 6 * window, record.deliveries
+            assert stats.short_lived >= 2
+            await cluster.set_writable("orders", 0, True)
+            await cluster.wait_for(lambda: cluster.unfinished("orders", "c") == 0, timeout=5)
+        assert handled.count(b"m0") >= 1
+        assert record.duplicates_finished() == []
