@@ -167,8 +167,6 @@ class Consumer:
                 "ordered consumption subscribes to partitions found through nsqlookupd: use "
                 "lookupd=[...] (classic nsqd has no SUB_ORDERED)"
             )
-        if ordered and start is not None:
-            raise ValidationError("start", "a start position needs SUB_ADVANCED, not ordered mode")
         if ordered and sample_rate:
             raise ValidationError("sample_rate", "ordered consumption needs sample_rate 0")
         if skip_replays and not ordered:

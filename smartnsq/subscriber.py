@@ -19,6 +19,8 @@ import logging
 from collections.abc import Coroutine, Hashable
 from typing import Any, Protocol
 
+import httpx
+
 from smartnsq.errors import (
     NSQError,
     ServerError,
@@ -29,13 +31,15 @@ from smartnsq.errors import (
 from smartnsq.message import Message
 from smartnsq.protocol import commands
 from smartnsq.protocol.commands import StartPosition
-from smartnsq.protocol.lookupd import TopicLayout
+from smartnsq.protocol.lookupd import Node, TopicLayout
 from smartnsq.protocol.message import MessageFrame, MessageLayout
 from smartnsq.protocol.responses import OK
 from smartnsq.retry import Backoff, is_retriable, needs_lookup_refresh
 from smartnsq.subscription import Answerer, Key, Subscription
 from smartnsq.transport.connection import Connection, ConnectionConfig
+from smartnsq.transport.httpclient import new_http_client
 from smartnsq.transport.lookup import LookupManager
+from smartnsq.transport.offsets import set_channel_offset
 
 __all__ = ["MISSING_TOPIC_BACKOFF", "STABLE_AFTER", "Subscriber", "SubscriptionListener"]
 
@@ -128,6 +132,9 @@ class Subscriber:
         self._retry_at: dict[Key, float] = {}
         self._failures: dict[Key, int] = {}
         self._addresses: dict[int | None, str] = {}  # partition -> the nsqd last subscribed
+        self._leaders: dict[int, Node] = {}  # partition -> its leader, as last looked up
+        self._positioned: set[int] = set()  # partitions moved to start_position already
+        self._http: httpx.AsyncClient | None = None  # for /channel/setoffset (start=)
         # subscriptions closed within STABLE_AFTER of their SUB (counted as failed subscribes)
         self.short_lived = 0
         self._relookups = 0
@@ -184,6 +191,9 @@ class Subscriber:
             await asyncio.gather(*pending, return_exceptions=True)
         await asyncio.gather(*(sub.conn.close() for sub in list(self.subs.values())))
         self.subs.clear()
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
 
     def open_subscriptions(self) -> int:
         return sum(1 for sub in self.subs.values() if sub.conn.is_open)
@@ -227,6 +237,7 @@ class Subscriber:
         for partition, leader in layout.partitions.items():
             if self.partitions is None or partition in self.partitions:
                 keys.add((leader.tcp_address, partition))
+                self._leaders[partition] = leader
         if self.partitions is None:
             keys.update((node.tcp_address, None) for node in layout.classic_nodes)
         return keys
@@ -346,14 +357,40 @@ class Subscriber:
     # ------------------------------------------------------------------ subscriptions
 
     def _subscribe_command(self, partition: int | None) -> tuple[bytes, str, bool]:
+        """(command, name, whether frames carry the queue block). A youzan partition is
+        subscribed with SUB_ORDERED, or SUB_ADVANCED in its 4-word form: every message then
+        carries its queue offset and size (``Message.offset``, ``raw_size``). A start
+        position is never put on the wire (the 5-word form subscribes to the node's default
+        partition, whatever partition it names): the channel is positioned over HTTP."""
         if partition is None:
             return commands.sub(self.topic, self.channel), "SUB", False
         if self.ordered:
             return commands.sub_ordered(self.topic, self.channel, partition), "SUB_ORDERED", True
-        if self.start_position is not None:
-            cmd = commands.sub_advanced(self.topic, self.channel, partition, self.start_position)
-            return cmd, "SUB_ADVANCED", True
-        return commands.sub(self.topic, self.channel, partition), "SUB", False
+        return commands.sub_advanced(self.topic, self.channel, partition), "SUB_ADVANCED", True
+
+    async def _position(self, partition: int) -> None:
+        """``start``: move the channel to the start position on the partition's leader
+        (``/channel/setoffset``), once, when this consumer first subscribes to it: after its
+        SUB (which creates a channel SUB may create) and before its first RDY, so nothing
+        is in flight that the move would drop."""
+        leader = self._leaders.get(partition)
+        position = self.start_position
+        if leader is None or position is None:
+            return
+        if self._http is None:
+            self._http = new_http_client(self.connection_config.connect_timeout)
+        moved = await set_channel_offset(
+            self._http, leader.http_address, self.topic, partition, self.channel, position
+        )
+        self._positioned.add(partition)
+        log.info(
+            "%s/%s: partition %s positioned at %s%s",
+            self.topic,
+            self.channel,
+            partition,
+            position,
+            "" if moved else " (it holds no message yet)",
+        )
 
     async def _subscribe(self, key: Key) -> None:
         address, partition = key
@@ -373,12 +410,20 @@ class Subscriber:
         try:
             await conn.connect()
             command, name, detail = self._subscribe_command(partition)
-            if partition is None and not conn.youzan and self.start_position is not None:
-                raise UnsupportedFeatureError("classic nsqd has no SUB_ADVANCED start positions")
+            if partition is None and self.start_position is not None:
+                raise UnsupportedFeatureError(
+                    "classic nsqd has no queue offsets: a start position needs youzan nsqd"
+                )
             conn.layout = MessageLayout(conn.layout.binary_id, conn.layout.ext, detail)
             answer = await conn.request(command, name)
             if answer != OK:
                 raise NSQError(f"unexpected answer to {name}: {answer[:40]!r}")
+            if (
+                partition is not None
+                and self.start_position is not None
+                and partition not in self._positioned
+            ):
+                await self._position(partition)
         except asyncio.CancelledError:
             conn.abort()
             raise

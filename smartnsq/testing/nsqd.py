@@ -739,7 +739,7 @@ class ClientSession(asyncio.BufferedProtocol):
         partition_id = _partition_arg(params[2]) if len(params) == 3 else -1
         self._check_auth("SUB")
         topic, partition = self._existing(topic_name, partition_id)
-        if kind == "SUB" and topic.ordered:
+        if kind != "SUB_ORDERED" and topic.ordered:  # SUB_ADVANCED too (internalSUB)
             raise ClientError(
                 "E_SUB_ORDER_IS_MUST", "this topic is configured only allow ordered sub"
             )
