@@ -34,6 +34,7 @@ from smartnsq.errors import (
 from smartnsq.flow.backoff import BackoffPolicy, check_seconds
 from smartnsq.handlers import Handler, HandlerRunner, is_coroutine_function
 from smartnsq.message import Message
+from smartnsq.options import ClientOptions
 from smartnsq.protocol import commands
 from smartnsq.protocol.commands import StartPosition
 from smartnsq.protocol.validation import check_channel, check_partition, check_topic
@@ -41,9 +42,8 @@ from smartnsq.retry import Backoff
 from smartnsq.routing.addresses import AddressMapping
 from smartnsq.subscriber import Subscriber
 from smartnsq.telemetry import Telemetry
-from smartnsq.transport.connection import Compression, ConnectionConfig
+from smartnsq.transport.connection import Compression
 from smartnsq.transport.lookup import LookupManager
-from smartnsq.transport.targets import resolve_targets
 
 __all__ = [
     "ORDERED_REQUEUE_DELAY",
@@ -197,30 +197,34 @@ class Consumer:
         # about two seconds of its leader taking writes (reconnecting to a node that is down
         # costs one refused connection per try).
         self.reconnect_backoff = reconnect_backoff or Backoff(initial=0.1, maximum=1.5)
-        self.connection_config = ConnectionConfig.build(
-            client_id=client_id,
-            user_agent=user_agent,
+        self.options = ClientOptions(
+            lookupd=lookupd,
+            nsqd=nsqd,
+            connect_timeout=connect_timeout,
             heartbeat_interval=heartbeat_interval,
             tls=tls,
             compression=compression,
             deflate_level=deflate_level,
             auth_secret=auth_secret,
-            connect_timeout=connect_timeout,
-            sample_rate=sample_rate,
-            msg_timeout=msg_timeout,
-        )
-        self._nsqd, self._lookup, self._owns_lookup = resolve_targets(
-            lookupd=lookupd,
-            nsqd=nsqd,
+            client_id=client_id,
+            user_agent=user_agent,
+            lookupd_poll_interval=lookupd_poll_interval,
             lookup_manager=lookup_manager,
-            poll_interval=lookupd_poll_interval,
             address_map=address_map,
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
         )
+        self.connection_config = self.options.connection_config(
+            sample_rate=sample_rate, msg_timeout=msg_timeout
+        )
+        self._nsqd, self._lookup, self._owns_lookup = self.options.targets()
         self._state = "new"  # new -> starting -> started -> closing -> closed
         self._fatal: BaseException | None = None
         self._done: asyncio.Future[None] | None = None
         self._telemetry = Telemetry(
-            "consumer", tracer_provider=tracer_provider, meter_provider=meter_provider
+            "consumer",
+            tracer_provider=self.options.tracer_provider,
+            meter_provider=self.options.meter_provider,
         )
         self._metric_attributes = {
             "messaging.destination.name": self.topic,

@@ -32,6 +32,7 @@ from smartnsq.errors import (
     ValidationError,
 )
 from smartnsq.logthrottle import LogThrottle
+from smartnsq.options import ClientOptions
 from smartnsq.protocol.lookupd import TopicLayout
 from smartnsq.protocol.validation import (
     MAX_BODY_SIZE,
@@ -59,14 +60,9 @@ from smartnsq.routing.addresses import AddressMapping
 from smartnsq.routing.sharding import Sharder, ShardingStrategy
 from smartnsq.telemetry import Telemetry, end_send_span, error_type
 from smartnsq.tracelog import log_publish
-from smartnsq.transport.connection import (
-    Compression,
-    Connection,
-    ConnectionConfig,
-)
+from smartnsq.transport.connection import Compression, Connection
 from smartnsq.transport.lookup import LookupManager
 from smartnsq.transport.pool import ConnectionPool
-from smartnsq.transport.targets import resolve_targets
 
 __all__ = ["DEFAULT_PUBLISH_TIMEOUT", "Producer", "ProducerStats", "PublishResult"]
 
@@ -144,24 +140,25 @@ class Producer:
         self.max_msg_size = max_msg_size
         self.max_body_size = max_body_size
         self.sharder = Sharder(sharding)
-        self.connection_config = ConnectionConfig.build(
-            client_id=client_id,
-            user_agent=user_agent,
+        self.options = ClientOptions(
+            lookupd=lookupd,
+            nsqd=nsqd,
+            connect_timeout=connect_timeout,
             heartbeat_interval=heartbeat_interval,
             tls=tls,
             compression=compression,
             deflate_level=deflate_level,
             auth_secret=auth_secret,
-            connect_timeout=connect_timeout,
-            request_timeout=request_timeout,
-        )
-        self._nsqd, self._lookup, self._owns_lookup = resolve_targets(
-            lookupd=lookupd,
-            nsqd=nsqd,
+            client_id=client_id,
+            user_agent=user_agent,
+            lookupd_poll_interval=lookupd_poll_interval,
             lookup_manager=lookup_manager,
-            poll_interval=lookupd_poll_interval,
             address_map=address_map,
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
         )
+        self.connection_config = self.options.connection_config(request_timeout=request_timeout)
+        self._nsqd, self._lookup, self._owns_lookup = self.options.targets()
         self._pool = ConnectionPool(
             self.connection_config, connections_per_key=connections_per_partition
         )
@@ -180,7 +177,9 @@ class Producer:
         self._trace_topics: dict[str, bool] = {}
         self.trace_key_hash = trace_key_hash
         self._telemetry = Telemetry(
-            "producer", tracer_provider=tracer_provider, meter_provider=meter_provider
+            "producer",
+            tracer_provider=self.options.tracer_provider,
+            meter_provider=self.options.meter_provider,
         )
         if linger is not None and (not isinstance(linger, (int, float)) or linger < 0):
             raise ValidationError("linger", "must be >= 0 seconds, or None (no batching)")

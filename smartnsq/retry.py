@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from tenacity import RetryCallState
 
 from smartnsq.errors import NSQError, ValidationError
+from smartnsq.flow.backoff import exponential
 
 __all__ = ["Backoff", "is_retriable", "needs_lookup_refresh"]
 
@@ -47,7 +48,7 @@ class Backoff:
 
     def delay(self, failures: int) -> float:
         """The wait after ``failures`` consecutive failures (>= 1)."""
-        base = min(self.maximum, self.initial * self.multiplier ** max(failures - 1, 0))
+        base = exponential(failures, self.initial, self.maximum, self.multiplier)
         spread = base * self.jitter
         return max(0.0, base + random.uniform(-spread, spread))
 

@@ -17,10 +17,19 @@ from typing import Literal
 
 from smartnsq.errors import ValidationError
 
-__all__ = ["BackoffPolicy", "BackoffStrategy", "requeue_delay"]
+__all__ = ["BackoffPolicy", "BackoffStrategy", "exponential", "requeue_delay"]
 
 BackoffStrategy = Literal["exponential", "full_jitter"]
 _STRATEGIES = ("exponential", "full_jitter")
+
+
+def exponential(attempt: int, first: float, maximum: float, multiplier: float = 2.0) -> float:
+    """The one exponential formula of the client's waits: ``first * multiplier ** (attempt -
+    1)`` seconds for the ``attempt``-th (>= 1), capped at ``maximum``. Used by the consumer's
+    backoff windows (:class:`BackoffPolicy`), the retry and reconnect backoff
+    (``smartnsq.retry.Backoff``) and the lookup's down-ranking of a failing nsqlookupd."""
+    # Past a few hundred attempts only the cap matters: keep the power finite.
+    return min(first * multiplier ** min(max(attempt - 1, 0), 1023), maximum)
 
 
 def check_seconds(field: str, value: object, *, positive: bool) -> float:
@@ -89,14 +98,13 @@ class BackoffPolicy:
             raise ValidationError("level", f"must be an int, not {type(level).__name__}")
         if level < 1:
             raise ValidationError("level", f"must be >= 1, got {level}")
-        # Past max_level the exponent only matters through the cap: keep 2 ** n finite.
-        exponential = min(self.multiplier * 2.0 ** min(level - 1, 1023), self.max_delay)
+        delay = exponential(level, self.multiplier, self.max_delay)
         if self.strategy == "exponential":
-            return exponential
+            return delay
         fraction = (rand or random.random)()
         if not 0.0 <= fraction <= 1.0:
             raise ValidationError("rand", f"must return a float in [0, 1], got {fraction!r}")
-        return fraction * exponential
+        return fraction * delay
 
 
 def requeue_delay(attempts: int, base: float, maximum: float) -> float:

@@ -49,6 +49,7 @@ from smartnsq.errors import (
     TopicNotFoundError,
     ValidationError,
 )
+from smartnsq.flow.backoff import exponential
 from smartnsq.protocol.lookupd import (
     ACCEPT_V1,
     TOPIC_NOT_FOUND,
@@ -716,7 +717,7 @@ class LookupManager:
             )
             return
         lookupd.failures += 1
-        delay = min(self._backoff_max, self._backoff_base * 2.0 ** (lookupd.failures - 1))
+        delay = exponential(lookupd.failures, self._backoff_base, self._backoff_max)
         lookupd.retry_at = now + delay
         self._logger.warning(
             "nsqlookupd %s failed (%s); skipping it for %.1f s",

@@ -1,4 +1,5 @@
-"""BackoffPolicy delays and the requeue-delay rule (pure functions, no clock)."""
+"""BackoffPolicy delays, the one exponential formula, and the requeue-delay rule (pure
+functions, no clock)."""
 
 import math
 from typing import Any
@@ -9,6 +10,8 @@ from hypothesis import strategies as st
 
 from smartnsq.errors import ValidationError
 from smartnsq.flow import BackoffPolicy, requeue_delay
+from smartnsq.flow.backoff import exponential
+from smartnsq.retry import Backoff
 
 
 def test_defaults_follow_go_nsq() -> None:
@@ -161,3 +164,15 @@ def test_requeue_delay_validation(field: str, args: tuple[Any, Any, Any]) -> Non
     with pytest.raises(ValidationError) as info:
         requeue_delay(*args)
     assert info.value.field == field
+
+
+def test_one_exponential_formula_for_every_wait() -> None:
+    """The consumer's backoff windows, the retry/reconnect backoff and the lookup's
+    down-ranking all wait exponential(attempt, first, maximum, multiplier)."""
+    assert [exponential(n, 0.5, 3.0) for n in (1, 2, 3, 4, 5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    assert exponential(10_000, 1.0, 120.0) == 120.0  # no overflow far past the cap
+    assert exponential(3, 1.0, 100.0, multiplier=3.0) == 9.0
+    policy = BackoffPolicy(multiplier=0.5, max_delay=3.0)
+    assert [policy.delay(n) for n in (1, 3, 5)] == [exponential(n, 0.5, 3.0) for n in (1, 3, 5)]
+    steady = Backoff(initial=0.5, maximum=3.0, jitter=0.0)
+    assert [steady.delay(n) for n in (1, 3, 5)] == [exponential(n, 0.5, 3.0) for n in (1, 3, 5)]

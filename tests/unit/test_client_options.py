@@ -1,0 +1,55 @@
+"""ClientOptions: the options the Producer and the Consumer share are checked in one place,
+alike for both, before anything is sent."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from smartnsq.consumer import Consumer
+from smartnsq.errors import ValidationError
+from smartnsq.options import ClientOptions
+from smartnsq.producer import Producer
+
+LOOKUPD = {"lookupd": ["http://127.0.0.1:4161"]}
+
+BAD: list[tuple[str, dict[str, Any]]] = [
+    ("compression", {**LOOKUPD, "compression": "zstd"}),
+    ("deflate_level", {**LOOKUPD, "compression": "deflate", "deflate_level": 99}),
+    ("heartbeat_interval", {**LOOKUPD, "heartbeat_interval": 0.2}),
+    ("connect_timeout", {**LOOKUPD, "connect_timeout": 0}),
+    ("lookupd", {"lookupd": ["http://127.0.0.1:4161"], "nsqd": ["127.0.0.1:4150"]}),
+    ("lookupd", {}),
+    ("nsqd", {"nsqd": ["http://127.0.0.1:4151"]}),
+    ("address_map", {"nsqd": ["127.0.0.1:4150"], "address_map": {"a:1": "b:2"}}),
+]
+
+
+@pytest.mark.parametrize(("field", "options"), BAD, ids=[f for f, _ in BAD])
+@pytest.mark.parametrize("client", [Producer, Consumer], ids=["producer", "consumer"])
+def test_both_clients_refuse_the_same_options(
+    client: Any, field: str, options: dict[str, Any]
+) -> None:
+    arguments = ("t", "c") if client is Consumer else ()
+    with pytest.raises(ValidationError) as raised:
+        client(*arguments, **options)
+    assert raised.value.field == field
+
+
+def test_the_options_are_kept_and_build_the_connection_settings() -> None:
+    options = ClientOptions(**LOOKUPD, heartbeat_interval=5.0, client_id="me", compression="snappy")
+    config = options.connection_config(msg_timeout=30.0)
+    assert (config.heartbeat_interval, config.client_id, config.compression) == (
+        5.0,
+        "me",
+        "snappy",
+    )
+    assert config.msg_timeout == 30.0
+    targets = options.targets()
+    assert targets.nsqd == []
+    assert targets.lookup is not None
+    assert targets.owns_lookup
+    consumer = Consumer("t", "c", **LOOKUPD, heartbeat_interval=5.0)
+    producer = Producer(**LOOKUPD, heartbeat_interval=5.0)
+    assert consumer.options.heartbeat_interval == producer.options.heartbeat_interval == 5.0
