@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from smartnsq._version import __version__
+from smartnsq.cli.usage import UsageError, one_line
 from smartnsq.errors import NSQError, UnsupportedFeatureError, ValidationError
 
 __all__ = ["UsageError", "main"]
@@ -22,10 +23,6 @@ __all__ = ["UsageError", "main"]
 # Subcommand modules of smartnsq.cli; each defines register(subparsers) -> None and sets
 # `func` (args -> exit code) on its parser.
 SUBCOMMANDS = ("pub", "tail", "lookup", "topic", "channel", "cluster", "demo")
-
-
-class UsageError(Exception):
-    """A user mistake: printed as one line, exit code 2, no traceback."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -61,10 +58,6 @@ def _positionals(extras: list[str]) -> list[str] | None:
     return values
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
@@ -91,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except (ValidationError, UnsupportedFeatureError) as exc:
         # The client refused an argument before sending anything: the user's to fix.
-        print(f"{prefix} {_one_line(exc)}", file=sys.stderr)
+        print(f"{prefix} {one_line(exc)}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         from smartnsq.cli._common import silence_stdout
@@ -99,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         silence_stdout()
         return 1
     except (NSQError, OSError, asyncio.TimeoutError) as exc:
-        print(f"{prefix} {_one_line(exc)}", file=sys.stderr)
+        print(f"{prefix} {one_line(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

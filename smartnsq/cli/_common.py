@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from smartnsq.admin import Admin
-from smartnsq.cli import UsageError
+from smartnsq.cli.usage import UsageError
 from smartnsq.errors import ValidationError
 from smartnsq.protocol.validation import check_channel, check_topic
 from smartnsq.routing.addresses import AddressMap

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from smartnsq.cli import UsageError
+from smartnsq.cli.usage import UsageError
 from smartnsq.errors import ValidationError
 from smartnsq.protocol.validation import check_channel, check_topic
 

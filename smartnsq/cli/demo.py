@@ -20,8 +20,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from smartnsq.cli import UsageError
 from smartnsq.cli._common import Progress, add_verbosity, plural, setup_logging, table
+from smartnsq.cli.usage import UsageError
 from smartnsq.consumer import Consumer
 from smartnsq.message import Message
 from smartnsq.producer import Producer

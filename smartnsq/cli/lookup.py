@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from smartnsq.cli import UsageError
 from smartnsq.cli._common import (
     add_connection_options,
     add_verbosity,
@@ -19,6 +18,7 @@ from smartnsq.cli._common import (
     table,
     topic_arg,
 )
+from smartnsq.cli.usage import UsageError
 from smartnsq.protocol.lookupd import Access, TopicLayout, TopicMeta
 from smartnsq.transport.lookup import LookupManager
 

@@ -8,7 +8,6 @@ import asyncio
 import json
 from typing import Any
 
-from smartnsq.cli import UsageError
 from smartnsq.cli._common import (
     add_admin_options,
     add_verbosity,
@@ -20,6 +19,7 @@ from smartnsq.cli._common import (
     table,
     topic_arg,
 )
+from smartnsq.cli.usage import UsageError
 from smartnsq.errors import ValidationError
 from smartnsq.protocol.commands import StartPosition
 from smartnsq.protocol.offsets import PartitionOffsets, SeekResult

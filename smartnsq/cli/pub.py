@@ -14,7 +14,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from smartnsq.cli import UsageError, _one_line
 from smartnsq.cli._common import (
     Progress,
     Target,
@@ -27,6 +26,7 @@ from smartnsq.cli._common import (
     setup_logging,
     topic_arg,
 )
+from smartnsq.cli.usage import UsageError, one_line
 from smartnsq.errors import NSQError, UnsupportedFeatureError, ValidationError
 from smartnsq.producer import DEFAULT_PUBLISH_TIMEOUT, Producer
 from smartnsq.publish_result import PublishResult
@@ -462,8 +462,8 @@ class _Publisher:
                 if bodies is None:
                     done += f", through stdin line {self.lines_done}"
                 if isinstance(exc, (ValidationError, UnsupportedFeatureError)):
-                    raise UsageError(f"{_one_line(exc)} ({done})") from exc
-                raise NSQError(f"{_one_line(exc)} ({done})") from exc
+                    raise UsageError(f"{one_line(exc)} ({done})") from exc
+                raise NSQError(f"{one_line(exc)} ({done})") from exc
         finally:
             self.progress.clear()
             if self.reader is not None:

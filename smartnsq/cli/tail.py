@@ -10,7 +10,6 @@ import signal
 import sys
 from typing import Any
 
-from smartnsq.cli import UsageError
 from smartnsq.cli._common import (
     Target,
     add_connection_options,
@@ -23,6 +22,7 @@ from smartnsq.cli._common import (
     silence_stdout,
     topic_arg,
 )
+from smartnsq.cli.usage import UsageError
 from smartnsq.consumer import Consumer
 from smartnsq.errors import NSQError, TopicNotFoundError
 from smartnsq.message import Message

@@ -312,10 +312,10 @@ async def test_tail_n_prints_finishes_and_leaves_no_channel(cluster: Cluster) ->
     lines = sorted(result.out.splitlines())
     parsed = [TAIL_LINE.fullmatch(line) for line in lines]
     assert all(parsed), lines
-    assert [m.groups() for m in parsed if m] == [
-        ("0", "-", "-", "1", "plain"),
-        ("1", "-", "77", "1", "traced"),
-        ("3", "-", "-", "1", "two\\nlines \ufffd"),
+    assert [m.groups() for m in parsed if m] == [  # each the first of its partition
+        ("0", "0", "-", "1", "plain"),
+        ("1", "0", "77", "1", "traced"),
+        ("3", "0", "-", "1", "two\\nlines \ufffd"),
     ]
     assert traced.trace_id == 77
     record = cluster.channel_record("orders", channel)
@@ -333,7 +333,7 @@ async def test_tail_raw_bodies(cluster: Cluster) -> None:
             await producer.publish("orders", b"a\nb\xff", partition=2)
         result = await _finish(proc)
     assert result.rc == 0, result
-    assert result.out == "partition=2 offset=- trace_id=- attempts=1 b'a\\nb\\xff'\n"
+    assert result.out == "partition=2 offset=0 trace_id=- attempts=1 b'a\\nb\\xff'\n"
 
 
 async def test_tail_ordered_topic_partition_subset_with_offsets(cluster: Cluster) -> None:
@@ -374,8 +374,8 @@ async def test_tail_signal_drains_and_exits_0(cluster: Cluster, signum: signal.S
         result = await _finish(proc)
     assert result.rc == 0, result
     assert [line.decode() for line in lines] == [
-        "partition=3 offset=- trace_id=- attempts=1 m1\n",
-        "partition=3 offset=- trace_id=- attempts=1 m2\n",
+        "partition=3 offset=0 trace_id=- attempts=1 m1\n",
+        "partition=3 offset=32 trace_id=- attempts=1 m2\n",
     ]
     assert result.out == result.err == ""
     record = cluster.channel_record("orders", "watch")

@@ -16,8 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from smartnsq.cli import UsageError, main
+from smartnsq.cli import main
 from smartnsq.cli.cluster import ChannelSpec, TopicSpec, parse_channel, parse_topic, tune_gc
+from smartnsq.cli.usage import UsageError
 from smartnsq.protocol import commands as c
 from smartnsq.protocol.frames import FRAME_TYPE_RESPONSE, Frame
 from smartnsq.protocol.message import MessageLayout
