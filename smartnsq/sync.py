@@ -679,14 +679,25 @@ def _close_on_sigterm(close: Callable[[], None]) -> Iterator[None]:
         return
 
     def on_sigterm(signum: int, frame: object) -> None:
+        # close() blocks until the drain is over: run it in a thread of its own, as a
+        # close() from another thread, never inside the handler (which interrupts the main
+        # thread anywhere, even between checking the loop and handing it run()'s wait).
         log.info("SIGTERM received: closing the consumer (draining)")
-        close()
+        threading.Thread(target=_close_quietly, args=(close,), name="smartnsq-sigterm").start()
 
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _close_quietly(close: Callable[[], None]) -> None:
+    """close() for SIGTERM: an error that stopped the consumer is run()'s to raise."""
+    try:
+        close()
+    except Exception as exc:  # noqa: BLE001 - raised by run() in the main thread
+        log.debug("closing on SIGTERM: %r", exc)
 
 
 async def _next_message(consumer: AsyncConsumer, lock: asyncio.Lock) -> AsyncMessage | None:
