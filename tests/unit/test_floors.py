@@ -11,11 +11,12 @@ f-string prefix (``f"smartnsq.cli.{name}"``).
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
 
 import pytest
+
+from tests.unit.import_graph import find_circle, imports_of
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "smartnsq"
@@ -84,50 +85,6 @@ def _floor_of(module: str, table: dict[str, int | str]) -> int | str:
     raise AssertionError(f"{module} is on no floor of docs/architecture.md")
 
 
-def imports_of(path: Path, module: str, known: set[str]) -> set[str]:
-    """The smartnsq modules ``path`` imports, static and dynamic (see the module's text)."""
-    tree = ast.parse(path.read_text())
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found: set[str] = set()
-    dynamic = False
-    strings: list[str] = []
-    prefixes: list[str] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
-            for alias in node.names:
-                # a submodule named in the import is what it takes, not its package (which
-                # Python loads first anyway, like for `import package.module`)
-                submodule = f"{base}.{alias.name}"
-                found.add(submodule if submodule in known else base)
-        elif isinstance(node, ast.Call) and _is_import_module(node.func):
-            dynamic = True
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            strings.append(node.value)
-        elif isinstance(node, ast.JoinedStr) and node.values:
-            first = node.values[0]
-            if isinstance(first, ast.Constant) and isinstance(first.value, str):
-                prefixes.append(first.value)
-    if dynamic:
-        found.update(s for s in strings if s in known)
-        for prefix in prefixes:
-            if prefix.startswith("smartnsq.") and prefix.endswith("."):
-                found.update(m for m in known if m.startswith(prefix))
-    return {name for name in found if name in known and name != module}
-
-
-def _is_import_module(func: ast.expr) -> bool:
-    return (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
-        isinstance(func, ast.Name) and func.id == "import_module"
-    )
-
-
 def _graph() -> tuple[dict[str, set[str]], dict[str, int | str]]:
     modules = _modules()
     table = floor_table(ARCHITECTURE.read_text())
@@ -135,29 +92,6 @@ def _graph() -> tuple[dict[str, set[str]], dict[str, int | str]]:
     graph = {name: imports_of(path, name, known) for name, path in modules.items()}
     floors = {name: _floor_of(name, table) for name in modules}
     return graph, floors
-
-
-def _circle(graph: dict[str, set[str]]) -> list[str]:
-    """One import circle of the graph ([] if it has none)."""
-    done: set[str] = set()
-
-    def visit(module: str, trail: list[str]) -> list[str]:
-        if module in trail:
-            return [*trail[trail.index(module) :], module]
-        if module in done:
-            return []
-        for imported in sorted(graph.get(module, ())):
-            circle = visit(imported, [*trail, module])
-            if circle:
-                return circle
-        done.add(module)
-        return []
-
-    for module in sorted(graph):
-        circle = visit(module, [])
-        if circle:
-            return circle
-    return []
 
 
 def test_every_module_imports_only_its_floor_and_below() -> None:
@@ -183,7 +117,7 @@ def test_every_module_imports_only_its_floor_and_below() -> None:
 
 def test_no_import_circle_in_the_package() -> None:
     graph, _ = _graph()
-    assert _circle(graph) == []
+    assert find_circle(graph) == []
 
 
 def test_dynamic_imports_count() -> None:
@@ -195,8 +129,8 @@ def test_dynamic_imports_count() -> None:
 
 def test_the_circle_finder_and_the_table_reader() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}
-    assert _circle(graph) == ["a", "b", "c", "a"]
-    assert _circle({"p.q": {"p"}, "p": {"p.q"}}) == ["p", "p.q", "p"]  # dynamic or not
+    assert find_circle(graph) == ["a", "b", "c", "a"]
+    assert find_circle({"p.q": {"p"}, "p": {"p.q"}}) == ["p", "p.q", "p"]  # dynamic or not
     table = floor_table("x\n```\n 2  mid   a.py  b/\n          c.py\n    leaves  e.py\n```\n")
     assert table == {"a.py": 2, "b/": 2, "c.py": 2, "e.py": 0}
 
