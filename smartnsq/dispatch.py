@@ -47,6 +47,7 @@ from smartnsq.subscription import Answerer, Subscription
 from smartnsq.telemetry import Telemetry
 from smartnsq.tracelog import TRACE_LOGGER, log_consume
 from smartnsq.transport.connection import Connection
+from smartnsq.transport.waiting import wait_event
 
 __all__ = ["LOG_INTERVAL", "Dispatcher", "GivingUp"]
 
@@ -635,9 +636,7 @@ class Dispatcher:
         if self._drained is None or self.outstanding() <= 0:
             return
         self._drained.clear()
-        try:
-            await asyncio.wait_for(self._drained.wait(), timeout)
-        except asyncio.TimeoutError:
+        if not await wait_event(self._drained, timeout):
             log.warning(
                 "%s: %d messages still unanswered after %.1f s; nsqd will redeliver them",
                 self.topic,

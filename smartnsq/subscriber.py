@@ -40,6 +40,7 @@ from smartnsq.transport.connection import Connection, ConnectionConfig
 from smartnsq.transport.httpclient import new_http_client
 from smartnsq.transport.lookup import LookupManager
 from smartnsq.transport.offsets import set_channel_offset
+from smartnsq.transport.waiting import wait_event
 
 __all__ = ["MISSING_TOPIC_BACKOFF", "STABLE_AFTER", "Subscriber", "SubscriptionListener"]
 
@@ -339,11 +340,9 @@ class Subscriber:
             else:
                 self._relookups = 0
             timeout = min([*waits, 30.0])
-            try:
-                await asyncio.wait_for(wake.wait(), max(timeout, 0.01))
-            except asyncio.TimeoutError:
-                if self._relookups:
-                    self._force_refresh = True
+            woken = await wait_event(wake, max(timeout, 0.01))
+            if not woken and self._relookups:
+                self._force_refresh = True
 
     def _unserved(self) -> bool:
         """Some wanted partition has no open subscription (and none is being opened)."""

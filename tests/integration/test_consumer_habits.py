@@ -250,6 +250,34 @@ def test_system_exit_and_keyboard_interrupt_in_a_handler_propagate(
     assert result.returncode in (returncode, 130 if returncode == -2 else returncode), result
 
 
+LEFT_OPEN = """
+import asyncio
+from smartnsq.consumer import Consumer
+from smartnsq.testing import Cluster
+
+async def main():
+    async with Cluster(nodes=3) as cluster:
+        await cluster.create_topic("events", 4, 3, channels=["c"])
+        consumer = Consumer("events", "c", lookupd=[cluster.lookupd_url], handler=print)
+        await consumer.start()  # and never closed
+
+asyncio.run(main())
+print("asyncio.run returned")
+"""
+
+
+def test_asyncio_run_returns_when_a_consumer_is_left_open(tmp_path: Path) -> None:
+    """asyncio.run cancels what is left: the consumer's supervisor, waiting with
+    asyncio.wait_for, lost that cancellation and looped on forever (the run never ended)."""
+    script = tmp_path / "left_open.py"
+    script.write_text(LEFT_OPEN)
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("asyncio.run returned")
+
+
 # --------------------------------------------------------------------------- sync
 
 
