@@ -51,9 +51,12 @@ class Changes:
                 if remaining <= 0:
                     raise asyncio.TimeoutError(f"condition not met within {timeout} s")
                 event.clear()
+                # asyncio.wait, not wait_for: before Python 3.12 wait_for can lose a
+                # cancellation that comes as the event is set, and this loop would go on.
+                waiter = asyncio.ensure_future(event.wait())
                 try:
-                    await asyncio.wait_for(event.wait(), min(remaining, _RECHECK))
-                except asyncio.TimeoutError:
-                    pass
+                    await asyncio.wait((waiter,), timeout=min(remaining, _RECHECK))
+                finally:
+                    waiter.cancel()
         finally:
             self._waiters -= 1
