@@ -121,7 +121,8 @@ class RangeReader:
         self._paused = False
         self._rdy = 0
         self._wake = asyncio.Event()
-        self._progress_at = 0.0
+        self._progress_at = 0.0  # when the last new message of the range came
+        self._kept_seen = 0
 
     @property
     def partition(self) -> int:
@@ -167,15 +168,21 @@ class RangeReader:
             await self._close()
 
     async def _wait(self) -> _Wake:
-        """Until something arrives, the connection is lost, or ``stall_timeout`` passes
-        without a message of the range."""
+        """Until there is something to take (or the range is complete), the connection is
+        lost, or ``stall_timeout`` passes without a new message of the range."""
+        chain = self.chain
         while True:
             if self._lost is not None:
                 return "lost"
+            now = time.monotonic()
+            if chain is not None and chain.kept != self._kept_seen:
+                self._kept_seen = chain.kept
+                self._progress_at = now
             if self._wake.is_set():
                 self._wake.clear()
-                return "progress"
-            remaining = self._progress_at + self.stall_timeout - time.monotonic()
+                if chain is None or chain.ready or chain.complete:
+                    return "progress"
+            remaining = self._progress_at + self.stall_timeout - now
             if remaining <= 0 and not self._paused:
                 return "stall"
             try:
@@ -350,9 +357,13 @@ class RangeReader:
         placement = chain.offer(offset, size, frame)
         if placement is not Placement.AFTER:
             conn.send(commands.fin(frame.id))
-        if placement is Placement.KEPT:
-            self._progress_at = time.monotonic()
-            if not self._paused and chain.ready >= self.max_buffered:
+            # Checked every 64 messages kept: a few more than max_buffered may be waiting.
+            if (
+                placement is Placement.KEPT
+                and not chain.kept & 63
+                and not self._paused
+                and chain.ready >= self.max_buffered
+            ):
                 self._paused = True
                 conn.send(commands.rdy(0))
         self._wake.set()
