@@ -63,15 +63,8 @@ class NsqDataSource(DataSource):
         options = _source(self.options, schema)
         if options.connect.nsqd is not None or options.mode in ("hold", "journal"):
             return NsqStreamReader(options, schema)
-        planner = Planner(options)
-        try:
-            mode = options.reading_mode(options.mode == "offsets" or planner.is_youzan())
-        except BaseException:
-            planner.close()
-            raise
-        if mode == "offsets":
-            return NsqRangeStreamReader(options, schema, planner)
-        planner.close()
+        if options.reading_mode(_is_youzan(options)) == "offsets":
+            return NsqRangeStreamReader(options, schema)
         return NsqStreamReader(options, schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -82,16 +75,24 @@ class NsqDataSource(DataSource):
                 "batch reads (spark.read) read ranges of youzan queue offsets: classic nsqd "
                 "and the hold and journal modes only stream (spark.readStream)",
             )
-        planner = Planner(options)
-        try:
-            if options.reading_mode(options.mode == "offsets" or planner.is_youzan()) != "offsets":
-                raise ValidationError(
-                    "lookupd", "batch reads need youzan queue offsets (a classic nsqlookupd?)"
-                )
-        except BaseException:
-            planner.close()
-            raise
-        return NsqRangeBatchReader(options, schema, planner)
+        if options.reading_mode(_is_youzan(options)) != "offsets":
+            raise ValidationError(
+                "lookupd", "batch reads need youzan queue offsets (a classic nsqlookupd?)"
+            )
+        return NsqRangeBatchReader(options, schema)
+
+
+def _is_youzan(options: SourceOptions) -> bool:
+    """Whether the cluster behind ``lookupd`` is youzan (has queue offsets). Spark makes a
+    reader in more than one process (the streaming source's, the planner of the tasks'
+    reads), so this asks the lookupds once and keeps nothing open."""
+    if options.mode == "offsets":
+        return True
+    planner = Planner(options)
+    try:
+        return planner.is_youzan()
+    finally:
+        planner.close()
 
 
 def _source(options: Any, schema: StructType) -> SourceOptions:

@@ -147,23 +147,27 @@ class _Ranges:
 class NsqRangeStreamReader(_Ranges, DataSourceStreamReader, SupportsTriggerAvailableNow):
     """``spark.readStream.format("nsq")`` on youzan (offsets mode)."""
 
-    def __init__(self, options: SourceOptions, schema: StructType, planner: Planner) -> None:
+    def __init__(self, options: SourceOptions, schema: StructType) -> None:
         if options.ending is not None:
             raise ValidationError("endingOffsets", "applies to batch reads (spark.read) only")
         self.options = options
         self.schema = schema
-        self._planner = planner
+        self._planner = None  # made on first use: Spark makes readers that never plan
         self._boundaries = {}
         self._available_now = False
         self._target: dict[int, int] | None = None  # Trigger.AvailableNow: where it stops
+        self._initial: dict[str, Any] | None = None
 
     def initialOffset(self) -> dict[str, Any]:
-        queues = self._queues()
-        position = self.options.starting or Position("latest")
-        starts = self._resolve(position, queues, "startingOffsets")
-        # The channel starts where the query does, so nsqd's lag counts from there.
-        self._planned().seek(starts)
-        return offsets_to_spark(self.options.topic, starts)
+        # Resolved once: Spark may ask again, and `latest` must not move meanwhile.
+        if self._initial is None:
+            queues = self._queues()
+            position = self.options.starting or Position("latest")
+            starts = self._resolve(position, queues, "startingOffsets")
+            # The channel starts where the query does, so nsqd's lag counts from there.
+            self._planned().seek(starts)
+            self._initial = offsets_to_spark(self.options.topic, starts)
+        return self._initial
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self.options.max_messages_per_trigger
@@ -235,13 +239,13 @@ class NsqRangeBatchReader(_Ranges, DataSourceReader):
     """``spark.read.format("nsq")``: the range from ``startingOffsets`` (default earliest)
     to ``endingOffsets`` (default latest), read once."""
 
-    def __init__(self, options: SourceOptions, schema: StructType, planner: Planner) -> None:
+    def __init__(self, options: SourceOptions, schema: StructType) -> None:
         starting = options.starting
         if starting is not None and starting.kind == "latest":
             raise ValidationError("startingOffsets", "latest would read nothing in a batch read")
         self.options = options
         self.schema = schema
-        self._planner = planner
+        self._planner = None
         self._boundaries = {}
 
     def partitions(self) -> list[InputPartition]:
