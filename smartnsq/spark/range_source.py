@@ -18,6 +18,7 @@ query is exactly-once: a micro-batch run again after a failure reads the same ro
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -37,7 +38,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from smartnsq.errors import ValidationError
-from smartnsq.flow.ranges import OffsetRange
+from smartnsq.flow.ranges import DataLossError, OffsetRange
 from smartnsq.protocol.commands import StartPosition
 from smartnsq.protocol.offsets import PartitionOffsets
 from smartnsq.spark.offsets import (
@@ -54,6 +55,8 @@ from smartnsq.spark.planner import Planner
 from smartnsq.spark.range_read import read_range
 
 __all__ = ["NsqRangeBatchReader", "NsqRangeStreamReader", "RangePartition"]
+
+log = logging.getLogger("smartnsq.spark")
 
 
 class RangePartition(InputPartition):
@@ -188,7 +191,13 @@ class NsqRangeStreamReader(_Ranges, DataSourceStreamReader, SupportsTriggerAvail
         for partition, queue in queues.items():
             # A partition the topic gained since the query started is read from its start.
             first.setdefault(partition, queue.start)
-            ends[partition] = max(ends[partition], first[partition])
+            if ends[partition] < first[partition]:
+                # The queue lost messages the stream had planned past (an unreplicated leader
+                # failed, say); going on, the stream reads from the queue's end (as Kafka's).
+                self._data_loss(
+                    f"partition {partition} of {topic!r} ends at {ends[partition]}, before the "
+                    f"stream's offset {first[partition]}: messages were lost"
+                )
         if isinstance(limit, ReadMaxRows):
             sizes = self._message_sizes(first, queues)
             ends = cap_messages(limit.max_rows, first, ends, sizes)
@@ -198,6 +207,11 @@ class NsqRangeStreamReader(_Ranges, DataSourceStreamReader, SupportsTriggerAvail
         for partition, offset in first.items():
             ends.setdefault(partition, offset)
         return offsets_to_spark(topic, ends)
+
+    def _data_loss(self, message: str) -> None:
+        if self.options.fail_on_data_loss:
+            raise DataLossError(f"{message} (failOnDataLoss=false reads on)")
+        log.warning("%s: reading on", message)
 
     def _message_sizes(
         self, first: Mapping[int, int], queues: Mapping[int, PartitionOffsets]
