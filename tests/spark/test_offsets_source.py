@@ -5,9 +5,9 @@ offsets or from a timestamp, an ordered topic's order."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -167,6 +167,29 @@ def test_a_micro_batch_run_again_reads_the_same_rows(
     assert second_run == first_run
 
 
+class _MoveAfter(list):  # type: ignore[type-arg]
+    """A channel record's list of deliveries that moves the partition's leader once it
+    holds ``count`` of them: in the middle of a read, on the cluster's loop, as it happens."""
+
+    def __init__(self, count: int, move: Callable[[], None]) -> None:
+        super().__init__()
+        self.count = count
+        self.move: Callable[[], None] | None = move
+
+    def append(self, item: Any) -> None:
+        super().append(item)
+        self._check()
+
+    def extend(self, items: Any) -> None:
+        super().extend(items)
+        self._check()
+
+    def _check(self) -> None:
+        if self.move is not None and len(self) >= self.count:
+            move, self.move = self.move, None
+            asyncio.get_running_loop().call_soon(move)
+
+
 def test_leader_failover_during_a_read(
     spark: Any, youzan: ThreadedCluster, subscriptions: list[Subscription]
 ) -> None:
@@ -175,21 +198,12 @@ def test_leader_failover_during_a_read(
     bodies = _bodies("f", 30_000)
     _publish(youzan, "events", bodies, partition=0)
     leader = youzan.call(lambda: youzan.cluster.leader("events", 0))
-    moved = threading.Event()
+    moves = _MoveAfter(2000, lambda: youzan.cluster.move_leader_now("events", 0, 1 - leader))
+    record = youzan.call(lambda: youzan.cluster.channel_record("events", "spark"))
+    youzan.call(lambda: setattr(record, "deliveries", moves))
 
-    def move_when_reading() -> None:
-        def reading() -> bool:
-            return len(youzan.cluster.channel_record("events", "spark").deliveries) >= 2000
-
-        youzan.wait_for(reading, WAIT)
-        youzan.run(youzan.cluster.move_leader("events", 0, 1 - leader))
-        moved.set()
-
-    mover = threading.Thread(target=move_when_reading, daemon=True)
-    mover.start()
     rows = _batch(spark, youzan, "events").select("body", "queue_offset").collect()
-    mover.join(WAIT)
-    assert moved.is_set()
+    assert moves.move is None, "the leader did not move"
     assert [r.body for r in rows] == bodies  # every message once, in queue order
     nodes = {s.node for s in subscriptions if s.topic == "events"}
     assert nodes == {leader, 1 - leader}, "the read did not go on on the new leader"
