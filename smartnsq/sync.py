@@ -7,7 +7,8 @@ loop running in a daemon thread. The async client is created and used only on th
 every blocking method submits the async method to it (``run_coroutine_threadsafe``) and waits
 for the outcome, so results and exceptions are the async client's own, and there is no second
 protocol implementation to keep in step. Many threads can share one client: the loop
-serialises everything that touches the client's state.
+serialises everything that touches the client's state. The loop thread, with its fork and
+deadlock guards, is :class:`smartnsq.loopthread.LoopThread` (the Spark source uses it too).
 
 Rules that follow from the design:
 
@@ -25,14 +26,12 @@ Rules that follow from the design:
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import inspect
 import logging
 import os
 import signal
 import threading
-import time
 import warnings
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from types import TracebackType
@@ -40,7 +39,9 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from smartnsq.consumer import Consumer as AsyncConsumer
 from smartnsq.consumer import ConsumerStats, is_coroutine_function
-from smartnsq.errors import ClientClosedError, ForkedClientError, NSQTimeoutError
+from smartnsq.errors import ClientClosedError, NSQTimeoutError
+from smartnsq.loopthread import GRACE as _GRACE
+from smartnsq.loopthread import LoopThread, call_plain
 from smartnsq.message import Message as AsyncMessage
 from smartnsq.producer import Producer as AsyncProducer
 from smartnsq.producer import ProducerStats
@@ -54,13 +55,8 @@ P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
 
-# Added to the async client's own time limits: only a blocked event loop ever runs into it.
-_GRACE = 5.0
 # How long close() waits for the loop thread to end.
 _JOIN_TIMEOUT = 10.0
-# Unbounded waits wake up this often, so Ctrl-C works on every platform and a loop thread
-# that died is noticed.
-_SLICE = 0.5
 # The async consumer's default drain time, read rather than copied.
 _DRAIN_TIMEOUT: float = inspect.signature(AsyncConsumer.close).parameters["timeout"].default
 
@@ -74,171 +70,13 @@ def _same_arguments(
     """Give a forwarding method the parameters of the async client's ``method`` (for type
     checkers and ``help()``) without a hand-maintained copy of them. The return type is the
     forward's own: for a blocking twin, the coroutine's result (mypy checks it, as the forward
-    returns what :meth:`_LoopThread.run` gives)."""
+    returns what :meth:`LoopThread.run` gives)."""
 
     def decorate(forward: Callable[..., R]) -> Callable[Concatenate[Any, P], R]:
         forward.__signature__ = inspect.signature(method)  # type: ignore[attr-defined]
         return forward
 
     return decorate
-
-
-# --------------------------------------------------------------------------- the loop thread
-
-
-class _LoopThread:
-    """An event loop in a daemon thread: the only place the async client runs."""
-
-    def __init__(self, name: str) -> None:
-        self.pid = os.getpid()
-        self.loop = asyncio.new_event_loop()
-        # Reentrant: close() may run in a signal handler that interrupted this same thread.
-        self._lock = threading.RLock()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
-        self._thread.start()
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
-    @property
-    def stopping(self) -> bool:
-        return self._stopping
-
-    def in_loop_thread(self) -> bool:
-        return threading.get_ident() == self._thread.ident
-
-    def _main(self) -> None:
-        loop = self.loop
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_forever()
-        finally:
-            try:
-                _cancel_remaining(loop)
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.run_until_complete(loop.shutdown_default_executor())
-            finally:
-                asyncio.set_event_loop(None)
-                loop.close()
-
-    def check(self, what: str) -> None:
-        """Refuse calls that cannot work: from a forked child, or from the loop itself."""
-        if os.getpid() != self.pid:
-            raise ForkedClientError(
-                f"{what}: this client was created in process {self.pid} and is used in "
-                f"process {os.getpid()}, and its event loop thread does not survive "
-                "os.fork(): create the client after fork, in the worker process"
-            )
-        if self.in_loop_thread():
-            raise RuntimeError(
-                f"{what} was called from the client's own event loop thread (from a "
-                "coroutine handler or another callback running on that loop): it would wait "
-                "for the loop it blocks and deadlock. Call it from another thread, or use "
-                "the async client in async code"
-            )
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None, what: str) -> T:
-        """Run ``coro`` on the loop and wait for it (at most ``timeout`` seconds; None waits
-        until it ends). Its result is returned and its exception raised here, unchanged."""
-        with self._lock:
-            if self._stopping:
-                coro.close()
-                raise ClientClosedError(f"{what}: the client is closed")
-            future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        try:
-            while not future.done():
-                wait = _SLICE
-                if deadline is not None:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise NSQTimeoutError(
-                            f"{what} did not finish within {timeout} s: the client's event "
-                            "loop looks blocked (blocking code in a coroutine handler?)"
-                        )
-                    wait = min(wait, remaining)
-                concurrent.futures.wait((future,), wait)
-                if not future.done() and not self._thread.is_alive():
-                    raise ClientClosedError(f"{what}: the client's event loop thread is gone")
-        except BaseException:
-            future.cancel()  # cancels the task on the loop too
-            raise
-        try:
-            return future.result()
-        except concurrent.futures.CancelledError:
-            if self._stopping:
-                raise ClientClosedError(f"{what} was interrupted: the client closed") from None
-            raise
-
-    def call(self, fn: Callable[[], T], what: str) -> T:
-        """Run a plain function on the loop (directly when already there: it cannot block)."""
-        if self.in_loop_thread():
-            return fn()
-        return self.run(_call(fn), _GRACE, what)
-
-    def stop(self, timeout: float) -> bool:
-        """Stop the loop (cancelling whatever still runs on it) and join its thread. True
-        when the thread ended in time."""
-        self._request_stop(None)
-        if self.in_loop_thread():
-            return False
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    def stop_soon(self, closing: Callable[[], Awaitable[Any]]) -> None:
-        """Run ``closing()`` on the loop (bounded), then stop it; do not wait. For garbage
-        collection, which must never block."""
-        self._request_stop(closing)
-
-    def join(self, timeout: float) -> None:
-        if not self.in_loop_thread():
-            self._thread.join(timeout)
-
-    def _request_stop(self, closing: Callable[[], Awaitable[Any]] | None) -> None:
-        with self._lock:
-            if self._stopping:
-                return
-            self._stopping = True
-            loop = self.loop
-            if loop.is_closed():
-                return
-            if closing is None:
-                loop.call_soon_threadsafe(loop.stop)
-            else:
-                asyncio.run_coroutine_threadsafe(_close_then_stop(closing), loop)
-
-
-def _cancel_remaining(loop: asyncio.AbstractEventLoop) -> None:
-    """What ``asyncio.run`` does on exit: cancel leftover tasks and let them unwind (their
-    waiters see a cancellation, reported as ClientClosedError). Bounded, and a task that
-    misbehaves when cancelled cannot keep the others from being cancelled."""
-    tasks = asyncio.all_tasks(loop)
-    if not tasks:
-        return
-    for task in tasks:
-        try:
-            task.cancel()
-        except Exception:
-            log.exception("cancelling %r failed", task)
-    _, pending = loop.run_until_complete(asyncio.wait(tasks, timeout=_GRACE))
-    for task in pending:
-        log.error("%r did not end within %s s of being cancelled", task, _GRACE)
-
-
-async def _close_then_stop(closing: Callable[[], Awaitable[Any]]) -> None:
-    try:
-        await asyncio.wait_for(closing(), _GRACE)
-    except Exception as exc:  # noqa: BLE001 - garbage collection path: nobody to tell
-        log.debug("closing an abandoned client failed: %r", exc)
-    finally:
-        asyncio.get_running_loop().stop()
-
-
-async def _call(fn: Callable[[], T]) -> T:
-    """``fn()`` as a coroutine, to run it on the loop."""
-    return fn()
 
 
 # --------------------------------------------------------------------------- lifecycle
@@ -252,9 +90,9 @@ class _Client:
     # new -> started -> closing -> closed. A class default so that __del__ of an object
     # whose __init__ failed does nothing.
     _state = "closed"
-    _runner: _LoopThread
+    _runner: LoopThread
 
-    def _start_loop(self, name: str) -> _LoopThread:
+    def _start_loop(self, name: str) -> LoopThread:
         self._lifecycle = threading.RLock()
         self._closed = threading.Event()
         self._was_started = False
@@ -262,14 +100,14 @@ class _Client:
         self._closer: int | None = None
         self._close_bound = 0.0
         self._reported: BaseException | None = None
-        self._runner = _LoopThread(name)
+        self._runner = LoopThread(name)
         return self._runner
 
     def _build(self, factory: Callable[[], T]) -> T:
         """Create the async client on the loop (so it binds to nothing else); argument
         errors are raised here and leave no thread behind."""
         try:
-            client = self._runner.run(_call(factory), _GRACE, f"{self._kind}()")
+            client = self._runner.run(call_plain(factory), _GRACE, f"{self._kind}()")
         except BaseException:
             self._runner.stop(_JOIN_TIMEOUT)
             raise
@@ -708,7 +546,7 @@ async def _next_message(consumer: AsyncConsumer, lock: asyncio.Lock) -> AsyncMes
             return None
 
 
-def _adapt(fn: Any, runner: _LoopThread, *, is_handler: bool) -> Any:
+def _adapt(fn: Any, runner: LoopThread, *, is_handler: bool) -> Any:
     """Plain callables get the blocking Message; coroutine functions (and anything that is
     not callable, which the async consumer rejects itself) are passed through."""
     if fn is None or not callable(fn) or is_coroutine_function(fn):
@@ -738,7 +576,7 @@ class Message:
 
     __slots__ = ("_message", "_runner")
 
-    def __init__(self, message: AsyncMessage, runner: _LoopThread) -> None:
+    def __init__(self, message: AsyncMessage, runner: LoopThread) -> None:
         self._message = message
         self._runner = runner
 

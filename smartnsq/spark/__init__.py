@@ -5,8 +5,10 @@
 * ``df.write.format("nsq").mode("append")`` and ``df.writeStream.format("nsq")`` publish a
   DataFrame's rows (``body``, optional ``sharding_key`` / ``partition``, ``trace_id``,
   ``ext``, ``delay_ms``, ``topic``) with the Producer's placement;
-* ``spark.readStream.format("nsq")`` reads a channel as a Structured Streaming source that
-  finishes a message only once it is safe (at-least-once, never a loss).
+* ``spark.readStream.format("nsq")`` and ``spark.read.format("nsq")`` read a topic. On youzan
+  (the offsets mode) the executors read ranges of queue offsets, exactly-once into an
+  idempotent sink; on classic nsqd (or ``mode=hold`` / ``journal=``) a consumer on the driver
+  feeds a stream that finishes a message only once it is safe (at-least-once).
 
 Guide: docs/guides/spark.md. ``import smartnsq`` never imports pyspark or pyarrow; this
 package does.

@@ -17,8 +17,9 @@ from typing import Any, Literal
 from smartnsq.errors import ValidationError
 from smartnsq.producer import DEFAULT_PUBLISH_TIMEOUT
 from smartnsq.protocol.validation import check_channel, check_partition, check_topic
+from smartnsq.spark.offsets import Position, parse_position
 
-__all__ = ["Connect", "SinkOptions", "SourceOptions"]
+__all__ = ["HOLD_OPTIONS", "OFFSETS_OPTIONS", "Connect", "SinkOptions", "SourceOptions"]
 
 # What Spark itself adds to the options it passes (``save(path)``, ``writeStream``).
 _SPARK_OPTIONS = frozenset({"path", "checkpointlocation", "queryname"})
@@ -37,19 +38,34 @@ _CONNECT = frozenset(
     }
 )
 _SINK = _CONNECT | {"topic", "sharding", "trace", "linger", "maxbatch", "publishtimeout"}
-_SOURCE = _CONNECT | {
-    "topic",
-    "channel",
-    "ordered",
-    "maxmessagespertrigger",
-    "maxinflight",
-    "partitions",
-    "journal",
-    "journalsync",
-    "maxbufferedmessages",
-    "msgtimeout",
-    "availablenowidle",
-}
+# Options of one reading mode only (lower-cased): the driver source's (hold, journal) and
+# the offsets mode's.
+HOLD_OPTIONS = frozenset(
+    {
+        "maxinflight",
+        "journal",
+        "journalsync",
+        "maxbufferedmessages",
+        "msgtimeout",
+        "availablenowidle",
+    }
+)
+OFFSETS_OPTIONS = frozenset(
+    {
+        "startingoffsets",
+        "startingtimestamp",
+        "endingoffsets",
+        "failondataloss",
+        "maxoffsetspertrigger",
+    }
+)
+_SOURCE = (
+    _CONNECT
+    | HOLD_OPTIONS
+    | OFFSETS_OPTIONS
+    | {"topic", "channel", "mode", "ordered", "maxmessagespertrigger", "partitions"}
+)
+_MODES = ("offsets", "hold", "journal")
 # Spelling shown in messages (Spark lower-cases option names).
 _SPELLING = {
     name.lower(): name
@@ -80,6 +96,12 @@ _SPELLING = {
         "maxBufferedMessages",
         "msgTimeout",
         "availableNowIdle",
+        "mode",
+        "startingOffsets",
+        "startingTimestamp",
+        "endingOffsets",
+        "failOnDataLoss",
+        "maxOffsetsPerTrigger",
     ]
 }
 
@@ -271,11 +293,18 @@ class SinkOptions:
 
 @dataclass(frozen=True)
 class SourceOptions:
-    """``spark.readStream.format("nsq")``."""
+    """``spark.readStream.format("nsq")`` and ``spark.read.format("nsq")``.
+
+    ``mode``: ``offsets`` (youzan: ranges of queue offsets read on the executors), ``hold`` or
+    ``journal`` (the driver's consumer, see receiver.py); None: chosen when the query is
+    planned, offsets on youzan, hold on classic nsqd (:meth:`reading_mode`). ``given``: the
+    options set (lower-cased names), to refuse those of a mode that does not apply.
+    """
 
     connect: Connect
     topic: str
     channel: str
+    mode: Literal["offsets", "hold", "journal"] | None = None
     ordered: bool = False
     max_messages_per_trigger: int | None = None
     max_in_flight: int = 10_000
@@ -285,14 +314,33 @@ class SourceOptions:
     max_buffered_messages: int = 200_000
     msg_timeout: float = 60.0
     available_now_idle: float = 1.0
+    starting: Position | None = None
+    ending: Position | None = None
+    fail_on_data_loss: bool = True
+    max_offsets_per_trigger: int | None = None
+    given: frozenset[str] = frozenset()
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
         reader = _Reader(options, _SOURCE)
         connect = Connect.read(reader)
-        ordered = reader.flag("ordered")
+        topic = check_topic(reader.required("topic"))
+        mode = reader.text("mode")
+        if mode is not None and mode not in _MODES:
+            raise ValidationError("mode", f"must be one of {', '.join(_MODES)}, got {mode!r}")
         journal = reader.text("journal")
-        if ordered and journal is None:
+        if journal is not None:
+            if mode not in (None, "journal"):
+                raise ValidationError("journal", f"a journal is for mode=journal, not {mode}")
+            mode = "journal"
+        elif mode == "journal":
+            raise ValidationError("journal", "mode=journal needs the journal directory")
+        if mode == "offsets" and connect.nsqd is not None:
+            raise ValidationError(
+                "mode", "classic nsqd has no queue offsets: the offsets mode needs youzan (lookupd)"
+            )
+        ordered = reader.flag("ordered")
+        if ordered and mode == "hold":
             raise ValidationError(
                 "journal",
                 "ordered=true needs a journal directory: an ordered channel sends a partition's "
@@ -302,13 +350,26 @@ class SourceOptions:
             )
         if ordered and connect.nsqd is not None:
             raise ValidationError("ordered", "ordered consumption needs lookupd (youzan)")
+        given = frozenset(reader.values)
+        if mode in ("hold", "journal") or connect.nsqd is not None:
+            _refuse(given, OFFSETS_OPTIONS, "the offsets mode (youzan, lookupd, mode=offsets)")
+        if mode == "offsets":
+            _refuse(given, HOLD_OPTIONS, "mode=hold or mode=journal")
+        starting = reader.text("startingOffsets")
+        timestamp = reader.integer("startingTimestamp", None, 0)
+        if starting is not None and timestamp is not None:
+            raise ValidationError(
+                "startingTimestamp", "give startingOffsets or startingTimestamp, not both"
+            )
+        ending = reader.text("endingOffsets")
         partitions = reader.items("partitions")
         max_in_flight = reader.integer("maxInFlight", 10_000, 1) or 10_000
         per_trigger = reader.integer("maxMessagesPerTrigger", None, 1)
         return cls(
             connect=connect,
-            topic=check_topic(reader.required("topic")),
+            topic=topic,
             channel=check_channel(reader.required("channel")),
+            mode=mode,  # type: ignore[arg-type] # checked above
             ordered=ordered,
             max_messages_per_trigger=per_trigger,
             max_in_flight=max_in_flight,
@@ -318,7 +379,35 @@ class SourceOptions:
             max_buffered_messages=reader.integer("maxBufferedMessages", 200_000, 1) or 200_000,
             msg_timeout=reader.seconds("msgTimeout", 60.0) or 60.0,
             available_now_idle=reader.seconds("availableNowIdle", 1.0) or 1.0,
+            starting=(
+                Position("timestamp", timestamp_ms=timestamp)
+                if timestamp is not None
+                else None
+                if starting is None
+                else parse_position("startingOffsets", starting, topic)
+            ),
+            ending=None
+            if ending is None
+            else parse_position("endingOffsets", ending, topic, ending=True),
+            fail_on_data_loss=reader.flag("failOnDataLoss", True),
+            max_offsets_per_trigger=reader.integer("maxOffsetsPerTrigger", None, 1),
+            given=given,
         )
+
+    def reading_mode(self, youzan: bool) -> Literal["offsets", "hold", "journal"]:
+        """The mode on a cluster that is (not) youzan; ValidationError names an option that
+        mode does not take."""
+        if self.mode is not None:
+            if self.mode == "offsets" and not youzan:
+                raise ValidationError("mode", "the offsets mode needs youzan queue offsets")
+            return self.mode
+        if not youzan:
+            _refuse(self.given, OFFSETS_OPTIONS, "youzan (classic nsqd has no queue offsets)")
+            if self.ordered:
+                raise ValidationError("journal", "ordered=true in hold mode needs a journal")
+            return "hold"
+        _refuse(self.given, HOLD_OPTIONS, "mode=hold or mode=journal")
+        return "offsets"
 
     def consumer_arguments(self) -> dict[str, Any]:
         arguments = self.connect.client_arguments()
@@ -329,6 +418,14 @@ class SourceOptions:
             msg_timeout=self.msg_timeout,
         )
         return arguments
+
+
+def _refuse(given: frozenset[str], names: frozenset[str], needed: str) -> None:
+    """ValidationError for the first of ``names`` among the options ``given``."""
+    wrong = sorted(given & names)
+    if wrong:
+        name = _SPELLING.get(wrong[0], wrong[0])
+        raise ValidationError(name, f"applies to {needed} only")
 
 
 def _partition_ids(items: tuple[str, ...]) -> tuple[int, ...]:

@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import math
-import threading
+import os
 import time
 from collections import deque
 from collections.abc import Coroutine
@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 from smartnsq.consumer import Consumer
 from smartnsq.errors import NSQError
+from smartnsq.loopthread import LoopThread
 from smartnsq.message import Message
 from smartnsq.protocol.validation import MAX_RDY_COUNT
 from smartnsq.spark.journal import Journal
@@ -84,11 +85,10 @@ class Receiver:
 
     def __init__(self, options: SourceOptions, *, committed: int, seen: int) -> None:
         self.options = options
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="smartnsq-spark-source", daemon=True
-        )
-        self._thread.start()
+        # The blocking facade's loop thread: calls from a forked copy of this object or from
+        # the loop itself are refused instead of hanging.
+        self._runner = LoopThread("smartnsq-spark-source")
+        self._loop = self._runner.loop
         self._journal: Journal | None = None
         self._consumers: list[Consumer] = []
         self._pending: deque[_Entry] = deque()  # received, not planned
@@ -135,17 +135,22 @@ class Receiver:
         self._cutoff_ns = time.time_ns()
 
     def close(self) -> None:
-        if not self._thread.is_alive():
+        """Close the consumers and the journal, then stop the loop thread. Idempotent; in a
+        forked copy it does nothing (the loop thread and connections are the parent's)."""
+        runner = self._runner
+        if os.getpid() != runner.pid or runner.stopping or not runner.alive:
             return
         with contextlib.suppress(Exception):
             self._call(self._close(), 15.0)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5.0)
-        if not self._thread.is_alive():
-            self._loop.close()
+        runner.stop(5.0)
 
     def _call(self, coro: Coroutine[Any, Any, T], timeout: float = _CALL_TIMEOUT) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+        try:
+            self._runner.check("the nsq source")
+        except BaseException:
+            coro.close()
+            raise
+        return self._runner.run(coro, timeout, "the nsq source")
 
     # ------------------------------------------------------------------ start and stop
 

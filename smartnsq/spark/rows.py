@@ -1,5 +1,6 @@
 """A received message as a row of the stream reader's schema, its journal encoding, and the
-Arrow record batches handed to Spark. Pure code (pyarrow, no Spark session, no I/O)."""
+Arrow record batches handed to Spark (and, in the offsets mode, message frames as a record
+batch). Pure code (pyarrow, no Spark session, no I/O)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 
 from smartnsq.message import Message
+from smartnsq.protocol.message import EXT_VERSION_JSON, MessageFrame
 
-__all__ = ["Row", "decode_row", "encode_row", "record_batches", "row_of"]
+__all__ = ["Row", "decode_row", "encode_row", "frames_batch", "record_batches", "row_of"]
 
 _INT64_SIGN = 1 << 63
 
@@ -172,3 +174,52 @@ def _batch(topic: str, rows: list[Row], schema: pa.Schema) -> pa.RecordBatch:
         else pa.nulls(count, types["ext"]),
     }
     return pa.RecordBatch.from_arrays([columns[f.name] for f in schema], schema=schema)
+
+
+# --------------------------------------------------------------------------- offsets mode
+
+
+def frames_batch(
+    topic: str, partition: int, frames: Sequence[MessageFrame], schema: pa.Schema
+) -> pa.RecordBatch:
+    """The rows of message frames read from one youzan partition (SUB_ADVANCED: every frame
+    has its queue offset and size), as a record batch in ``schema``'s column order."""
+    count = len(frames)
+    types = {field.name: field.type for field in schema}
+    ext: list[list[tuple[str, str]] | None] = []
+    has_ext = False
+    for frame in frames:
+        parsed = _frame_ext(frame)
+        if parsed is not None:
+            has_ext = True
+        ext.append(parsed)
+    columns = {
+        "body": pa.array([f.body for f in frames], types["body"]),
+        "topic": pa.repeat(pa.scalar(topic, types["topic"]), count),
+        "partition": pa.repeat(pa.scalar(partition, types["partition"]), count),
+        "message_id": pa.array([f.id.hex() for f in frames], types["message_id"]),
+        "trace_id": pa.array([_signed(f.trace_id or 0) for f in frames], types["trace_id"]),
+        "queue_offset": pa.array([f.offset for f in frames], types["queue_offset"]),
+        "raw_size": pa.array([f.raw_size for f in frames], types["raw_size"]),
+        "attempts": pa.array([f.attempts for f in frames], types["attempts"]),
+        "timestamp": pa.array([f.timestamp // 1000 for f in frames], pa.int64()).cast(
+            types["timestamp"]
+        ),
+        "ext": pa.array(ext, types["ext"]) if has_ext else pa.nulls(count, types["ext"]),
+    }
+    return pa.RecordBatch.from_arrays([columns[f.name] for f in schema], schema=schema)
+
+
+def _frame_ext(frame: MessageFrame) -> list[tuple[str, str]] | None:
+    """The JSON ext header's entries (non-string values as JSON text), as Message.ext reads
+    it: None without a JSON header or when it is not an object."""
+    raw = frame.ext_raw
+    if not raw or frame.ext_version != EXT_VERSION_JSON:
+        return None
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    return [(str(k), _text(v)) for k, v in parsed.items()]

@@ -1,13 +1,16 @@
-"""The stream reader of the ``nsq`` data source (``spark.readStream.format("nsq")``).
+"""The driver source's stream reader (``spark.readStream.format("nsq")`` on classic nsqd, or
+with ``mode=hold`` / ``journal=<dir>``): at-least-once.
 
 Built on the driver: Spark keeps one Python process per streaming source for the query's
 life, and this reader holds the :class:`~smartnsq.spark.receiver.Receiver` (one Consumer)
 there. Planning a micro-batch takes messages from it; the batch's rows travel to the
 executors inside the input partitions (one per NSQ partition, as an Arrow record batch), where
-``read`` only hands them over. Why not read partitions on executors: a message can only be
-finished on the connection that received it, and Spark tells the driver, not the executors,
-when a batch is committed; executors holding messages across batches cannot be kept alive
-either. The cost: one process receives the whole stream (see docs/guides/spark.md).
+``read`` only hands them over. Without queue offsets, partitions cannot be read on executors:
+a message can only be finished on the connection that received it, and Spark tells the
+driver, not the executors, when a batch is committed; executors holding messages across
+batches cannot be kept alive either. The cost: one process receives the whole stream (see
+docs/guides/spark.md). On youzan the offsets mode (``range_source.py``) reads on the
+executors instead.
 """
 
 from __future__ import annotations

@@ -158,3 +158,49 @@ def test_journal_mode_resumes_nsqd_after_backpressure(
         assert sorted(bodies) == sorted(f"e{i}".encode() for i in range(300))
     finally:
         receiver.close()
+
+
+def test_receiver_refuses_calls_from_a_forked_child_and_from_its_own_loop(
+    cluster: ThreadedCluster,
+) -> None:
+    """The receiver runs on the blocking facade's loop thread, with its guards: a forked
+    child (Spark's Python daemon forks its workers) gets ForkedClientError at once instead of
+    waiting for a loop thread it does not have, and a call from the loop itself raises
+    instead of deadlocking."""
+    import asyncio
+    import multiprocessing
+
+    from smartnsq.errors import ForkedClientError
+
+    receiver = _receiver(cluster)
+    try:
+        context = multiprocessing.get_context("fork")
+        answers = context.Queue()
+
+        def child() -> None:
+            try:
+                receiver.plan(0, None)
+            except ForkedClientError:
+                answers.put("ForkedClientError")
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                answers.put(repr(exc))
+            else:
+                answers.put("no error")
+            receiver.close()  # a forked copy: does nothing to the parent's loop
+
+        process = context.Process(target=child)
+        process.start()
+        process.join(15)
+        assert process.exitcode == 0, "the forked child hung on the parent's loop"
+        assert answers.get(timeout=1) == "ForkedClientError"
+
+        async def from_the_loop() -> None:
+            receiver.commit(0)
+
+        loop = receiver._runner.loop  # the loop the receiver's own callbacks run on
+        future = asyncio.run_coroutine_threadsafe(from_the_loop(), loop)
+        with pytest.raises(RuntimeError, match="deadlock"):
+            future.result(5)
+        assert receiver.plan(0, None) == 0  # the parent's receiver still works
+    finally:
+        receiver.close()

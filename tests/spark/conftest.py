@@ -1,6 +1,11 @@
-"""One local[2] SparkSession for the whole run (it takes 10-20 s to start), with the nsq data
-source registered; the embedded cluster runs on its own loop thread (ThreadedCluster) because
-Spark's calls block the test's thread while its workers talk to the cluster.
+"""One SparkSession for the whole run (it takes 10-20 s to start), with the nsq data source
+registered; the embedded cluster runs on its own loop thread (ThreadedCluster) because Spark's
+calls block the test's thread while its workers talk to the cluster.
+
+The master is ``local-cluster[2,1,1024]``: a standalone cluster of two workers, each running
+an executor in a JVM of its own with its own Python workers, so what runs on the executors
+(the offsets mode's reads) really runs outside the driver's processes (``SMARTNSQ_SPARK_MASTER``
+overrides it, e.g. ``local[2]``).
 
 These tests need pyspark, pyarrow (the dev extra) and a JVM; they fail, never skip, when one
 is missing: CI must run them.
@@ -11,7 +16,9 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +29,7 @@ from tests.integration.threaded_cluster import ThreadedCluster
 # A Spark job's first run in a session starts Python workers; a shared 2-core machine can
 # make that slow. Generous, but still bounded.
 TIMEOUT = 300
+MASTER = os.environ.get("SMARTNSQ_SPARK_MASTER", "local-cluster[2,1,1024]")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -39,12 +47,15 @@ def spark() -> Iterator[Any]:
     # Workers must run this interpreter (the venv), not whatever "python3" is on PATH.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    # local-cluster's workers keep their executors' files here (by default: inside pyspark)
+    work = tempfile.mkdtemp(prefix="smartnsq-spark-work-")
+    os.environ["SPARK_WORKER_DIR"] = work
     from pyspark.sql import SparkSession
 
     import smartnsq.spark
 
     session = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master(MASTER)
         .appName("smartnsq-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
@@ -62,6 +73,8 @@ def spark() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+        os.environ.pop("SPARK_WORKER_DIR", None)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _discard_source() -> Any:
@@ -82,6 +95,56 @@ def _discard_source() -> Any:
             return Writer()
 
     return Discard
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """A TCP subscription the embedded nsqd accepted: who (IDENTIFY's client_id is
+    ``host:pid``) and the command lines of that process and its ancestors, read while it ran."""
+
+    node: int
+    topic: str
+    partition: int
+    pid: int
+    lineage: tuple[str, ...]
+
+
+@pytest.fixture
+def subscriptions(monkeypatch: pytest.MonkeyPatch) -> list[Subscription]:
+    """Every SUB / SUB_ADVANCED / SUB_ORDERED the embedded cluster accepts during the test."""
+    from smartnsq.testing.nsqd import ClientSession
+
+    seen: list[Subscription] = []
+    original = ClientSession._subscribe
+
+    def subscribe(self: ClientSession, command: Any, kind: str) -> Any:
+        answer = original(self, command, kind)
+        channel = self.channel
+        pid = int(self.client_id.rsplit(":", 1)[-1]) if ":" in self.client_id else -1
+        if channel is not None:
+            log_ = channel.log
+            seen.append(
+                Subscription(self.node.index, log_.topic_name, log_.partition, pid, _lineage(pid))
+            )
+        return answer
+
+    monkeypatch.setattr(ClientSession, "_subscribe", subscribe)
+    return seen
+
+
+def _lineage(pid: int) -> tuple[str, ...]:
+    """The command lines of ``pid`` and its ancestors (Linux /proc; empty elsewhere)."""
+    lines = []
+    while pid > 1:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            break
+        lines.append(cmdline.replace(b"\0", b" ").decode("utf-8", "replace"))
+        parent = [line.split()[1] for line in status.splitlines() if line.startswith("PPid:")]
+        pid = int(parent[0]) if parent else 0
+    return tuple(lines)
 
 
 @pytest.fixture

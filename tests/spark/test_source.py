@@ -1,7 +1,8 @@
-"""The nsq stream reader against the embedded cluster: a query stopped mid-way and restarted
-from its checkpoint loses nothing (duplicates within the documented bound) and leaves nothing
-in flight; an ordered topic keeps each partition's queue order within and across batches
-(journal mode); classic nsqd in both directions."""
+"""The driver source (hold and journal modes) against the embedded cluster: a query stopped
+mid-way and restarted from its checkpoint loses nothing (duplicates within the documented
+bound) and leaves nothing in flight; an ordered topic keeps each partition's queue order within
+and across batches (journal mode); classic nsqd in both directions. The offsets mode, the
+default on youzan, is test_offsets_source.py's."""
 
 from __future__ import annotations
 
@@ -67,7 +68,13 @@ def test_restart_from_checkpoint_loses_nothing(
 
     def start(trigger: dict[str, Any]) -> Any:
         stream = _reader(
-            spark, youzan, "events", "spark", maxMessagesPerTrigger=per_trigger, maxInFlight=8000
+            spark,
+            youzan,
+            "events",
+            "spark",
+            mode="hold",
+            maxMessagesPerTrigger=per_trigger,
+            maxInFlight=8000,
         )
         writer = stream.writeStream.format("parquet").option("path", str(output))
         return writer.option("checkpointLocation", str(checkpoint)).trigger(**trigger).start()
@@ -180,7 +187,7 @@ def test_classic_nsqd_both_directions(spark: Any, classic: ThreadedCluster) -> N
 def test_ordered_needs_a_journal(spark: Any, youzan: ThreadedCluster) -> None:
     youzan.run(youzan.cluster.create_topic("ledger", 1, 1, ordered=True, channels=["spark"]))
     query = (
-        _reader(spark, youzan, "ledger", "spark", ordered="true")
+        _reader(spark, youzan, "ledger", "spark", mode="hold", ordered="true")
         .writeStream.format("memory")
         .queryName("no_journal")
         .start()

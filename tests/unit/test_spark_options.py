@@ -101,7 +101,29 @@ def test_source_options() -> None:
     [
         ({"topic": "t"}, "channel"),
         ({"channel": "c"}, "topic"),
-        ({"topic": "t", "channel": "c", "ordered": "true"}, "journal"),
+        ({"topic": "t", "channel": "c", "ordered": "true", "mode": "hold"}, "journal"),
+        ({"topic": "t", "channel": "c", "mode": "kafka"}, "mode"),
+        ({"topic": "t", "channel": "c", "mode": "journal"}, "journal"),
+        ({"topic": "t", "channel": "c", "mode": "offsets", "journal": "/j"}, "journal"),
+        ({"topic": "t", "channel": "c", "mode": "offsets", "maxInFlight": "10"}, "maxInFlight"),
+        (
+            {"topic": "t", "channel": "c", "mode": "hold", "startingOffsets": "earliest"},
+            "startingOffsets",
+        ),
+        (
+            {"topic": "t", "channel": "c", "journal": "/j", "failOnDataLoss": "false"},
+            "failOnDataLoss",
+        ),
+        ({"topic": "t", "channel": "c", "startingOffsets": "first"}, "startingOffsets"),
+        ({"topic": "t", "channel": "c", "startingOffsets": '{"u": {"0": 1}}'}, "startingOffsets"),
+        ({"topic": "t", "channel": "c", "startingOffsets": '{"t": {"0": -3}}'}, "startingOffsets"),
+        ({"topic": "t", "channel": "c", "endingOffsets": "earliest"}, "endingOffsets"),
+        ({"topic": "t", "channel": "c", "endingOffsets": '{"t": {"0": -2}}'}, "endingOffsets"),
+        (
+            {"topic": "t", "channel": "c", "startingOffsets": "latest", "startingTimestamp": "1"},
+            "startingTimestamp",
+        ),
+        ({"topic": "t", "channel": "c", "maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger"),
         ({"topic": "t", "channel": "c", "partitions": "a"}, "partitions"),
         ({"topic": "t", "channel": "c", "partitions": "-1"}, "partitions"),
         ({"topic": "t", "channel": "c", "maxInFlight": "0"}, "maxInFlight"),
@@ -113,6 +135,62 @@ def test_source_option_errors_name_the_option(options: dict[str, str], field: st
     with pytest.raises(ValidationError) as raised:
         SourceOptions.parse({**LOOKUPD, **options})
     assert raised.value.field == field
+
+
+def test_reading_modes() -> None:
+    base = {**LOOKUPD, "topic": "t", "channel": "c"}
+    auto = SourceOptions.parse(base)
+    assert auto.mode is None
+    assert auto.reading_mode(youzan=True) == "offsets"
+    assert auto.reading_mode(youzan=False) == "hold"
+    assert SourceOptions.parse({**base, "journal": "/j"}).reading_mode(youzan=True) == "journal"
+    assert SourceOptions.parse({**base, "mode": "hold"}).reading_mode(youzan=True) == "hold"
+    assert SourceOptions.parse({**base, "ordered": "true"}).reading_mode(youzan=True) == "offsets"
+    # Options of the mode that does not apply are refused once the cluster is known.
+    with pytest.raises(ValidationError) as raised:
+        SourceOptions.parse({**base, "maxInFlight": "100"}).reading_mode(youzan=True)
+    assert raised.value.field == "maxInFlight"
+    with pytest.raises(ValidationError) as raised:
+        SourceOptions.parse({**base, "startingOffsets": "earliest"}).reading_mode(youzan=False)
+    assert raised.value.field == "startingOffsets"
+    with pytest.raises(ValidationError) as raised:
+        SourceOptions.parse({**base, "ordered": "true"}).reading_mode(youzan=False)
+    assert raised.value.field == "journal"
+    with pytest.raises(ValidationError) as raised:
+        SourceOptions.parse({**base, "mode": "offsets"}).reading_mode(youzan=False)
+    assert raised.value.field == "mode"
+    with pytest.raises(ValidationError) as raised:
+        SourceOptions.parse(
+            {"nsqd": "127.0.0.1:4150", "topic": "t", "channel": "c", "mode": "offsets"}
+        )
+    assert raised.value.field == "mode"
+
+
+def test_offsets_mode_options() -> None:
+    options = SourceOptions.parse(
+        {
+            **LOOKUPD,
+            "topic": "t",
+            "channel": "c",
+            "startingOffsets": '{"t": {"0": 42, "1": -2, "2": -1}}',
+            "endingOffsets": "latest",
+            "failOnDataLoss": "false",
+            "maxOffsetsPerTrigger": "4096",
+        }
+    )
+    assert options.starting is not None
+    assert options.starting.kind == "offsets"
+    assert dict(options.starting.offsets) == {0: 42, 1: -2, 2: -1}
+    assert options.ending is not None
+    assert options.ending.kind == "latest"
+    assert options.fail_on_data_loss is False
+    assert options.max_offsets_per_trigger == 4096
+    stamped = SourceOptions.parse(
+        {**LOOKUPD, "topic": "t", "channel": "c", "startingTimestamp": "1700000000000"}
+    )
+    assert stamped.starting is not None
+    assert stamped.starting.kind == "timestamp"
+    assert stamped.starting.timestamp_ms == 1_700_000_000_000
 
 
 def test_ordered_needs_lookupd() -> None:

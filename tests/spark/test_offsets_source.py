@@ -1,0 +1,288 @@
+"""The offsets mode against the embedded cluster (youzan): ranges of queue offsets planned on
+the driver and read on the executors, exactly once into the file sink, the same rows when a
+micro-batch runs again, a leader failover in the middle of a read, batch reads between two
+offsets or from a timestamp, an ordered topic's order."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import smartnsq.sync
+from smartnsq.admin import Admin
+from tests.integration.threaded_cluster import ThreadedCluster
+from tests.spark.conftest import Subscription
+
+WAIT = 120.0
+
+
+def _publish(
+    cluster: ThreadedCluster, topic: str, bodies: list[bytes], partition: int | None = None
+) -> None:
+    with smartnsq.sync.Producer(lookupd=[cluster.lookupd_url]) as producer:
+        for start in range(0, len(bodies), 500):
+            chunk = bodies[start : start + 500]
+            if partition is None:
+                producer.publish_many(topic, chunk)
+            else:
+                producer.publish_many(topic, chunk, partition=partition)
+
+
+def _bodies(prefix: str, count: int) -> list[bytes]:
+    return [f"{prefix}-{i}".encode() for i in range(count)]
+
+
+def _wait(condition: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _committed_batches(output: Path) -> int:
+    """Micro-batches the file sink has committed (its metadata log: one file per batch)."""
+    log = output / "_spark_metadata"
+    if not log.exists():
+        return 0
+    return sum(1 for p in log.iterdir() if p.name.isdigit())
+
+
+def _source(spark: Any, cluster: ThreadedCluster, topic: str, **options: Any) -> Any:
+    reader = spark.readStream.format("nsq").option("lookupd", cluster.lookupd_url)
+    reader = reader.option("topic", topic).option("channel", "spark")
+    for name, value in options.items():
+        reader = reader.option(name, str(value))
+    return reader.load()
+
+
+def _batch(spark: Any, cluster: ThreadedCluster, topic: str, **options: Any) -> Any:
+    reader = spark.read.format("nsq").option("lookupd", cluster.lookupd_url)
+    reader = reader.option("topic", topic).option("channel", "spark")
+    for name, value in options.items():
+        reader = reader.option(name, str(value))
+    return reader.load()
+
+
+def _offsets(cluster: ThreadedCluster, topic: str) -> Any:
+    async def read() -> Any:
+        async with Admin([cluster.cluster.lookupd_url]) as admin:
+            return await admin.offsets(topic, "spark")
+
+    return cluster.run(read())
+
+
+def _read_on_executors(subscriptions: list[Subscription], topic: str) -> None:
+    """Every connection that read ``topic`` came from an executor: a process other than the
+    driver's (this one and its Python source process), under an executor JVM."""
+    readers = [s for s in subscriptions if s.topic == topic]
+    assert readers, "nothing subscribed to the topic"
+    for reader in readers:
+        assert reader.pid != os.getpid()
+        assert any("CoarseGrainedExecutorBackend" in line for line in reader.lineage), (
+            f"pid {reader.pid} does not run under an executor: {reader.lineage}"
+        )
+
+
+def test_stream_stopped_and_restarted_gives_every_body_exactly_once(
+    spark: Any, youzan: ThreadedCluster, subscriptions: list[Subscription], tmp_path: Path
+) -> None:
+    youzan.run(youzan.cluster.create_topic("events", 4, 2, channels=["spark"]))
+    first = _bodies("a", 6000)
+    _publish(youzan, "events", first)
+    output, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+
+    def start(trigger: dict[str, Any]) -> Any:
+        stream = _source(
+            spark, youzan, "events", startingOffsets="earliest", maxMessagesPerTrigger=1000
+        )
+        writer = stream.writeStream.format("parquet").option("path", str(output))
+        return writer.option("checkpointLocation", str(checkpoint)).trigger(**trigger).start()
+
+    query = start({"processingTime": "0 seconds"})
+    try:
+        _wait(lambda: _committed_batches(output) >= 2, "two micro-batches")
+    finally:
+        query.stop()
+    later = _bodies("b", 1000)
+    _publish(youzan, "events", later)
+
+    query = start({"availableNow": True})
+    query.awaitTermination(WAIT)
+    assert not query.isActive
+    assert query.exception() is None
+
+    seen = Counter(row.body for row in spark.read.parquet(str(output)).select("body").collect())
+    missing = set(first + later) - set(seen)
+    assert not missing, f"{len(missing)} published messages are not in the output"
+    assert sum(seen.values()) == len(first) + len(later), "duplicates in the output"
+    _read_on_executors(subscriptions, "events")
+    # The readers left the channel at the end of what they read: nsqd's lag is the truth.
+    for partition in _offsets(youzan, "events"):
+        assert partition.position == partition.end
+        assert partition.lag == 0
+
+
+def test_a_micro_batch_run_again_reads_the_same_rows(
+    spark: Any, youzan: ThreadedCluster, tmp_path: Path
+) -> None:
+    youzan.run(youzan.cluster.create_topic("events", 2, 1, channels=["spark"]))
+    _publish(youzan, "events", _bodies("a", 3000))
+    checkpoint = tmp_path / "checkpoint"
+    batches: dict[int, list[list[Any]]] = {}
+
+    def collect(frame: Any, batch_id: int) -> None:
+        rows = frame.orderBy("partition", "queue_offset").collect()
+        batches.setdefault(batch_id, []).append([tuple(row) for row in rows])
+
+    def run() -> None:
+        stream = _source(
+            spark, youzan, "events", startingOffsets="earliest", maxMessagesPerTrigger=1000
+        )
+        query = (
+            stream.writeStream.foreachBatch(collect)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(WAIT)
+        assert query.exception() is None
+
+    run()
+    last = max(batches)
+    assert last >= 2
+    # As after a crash between running batch `last` and recording it: Spark runs it again.
+    (checkpoint / "commits" / str(last)).unlink()
+    (checkpoint / "commits" / f".{last}.crc").unlink(missing_ok=True)
+    _publish(youzan, "events", _bodies("b", 500))  # not part of that batch
+    run()
+    first_run, second_run = batches[last][0], batches[last][1]
+    assert first_run, "the batch read nothing"
+    assert second_run == first_run
+
+
+class _MoveAfter(list):  # type: ignore[type-arg]
+    """A channel record's list of deliveries that moves the partition's leader once it
+    holds ``count`` of them: in the middle of a read, on the cluster's loop, as it happens."""
+
+    def __init__(self, count: int, move: Callable[[], None]) -> None:
+        super().__init__()
+        self.count = count
+        self.move: Callable[[], None] | None = move
+
+    def append(self, item: Any) -> None:
+        super().append(item)
+        self._check()
+
+    def extend(self, items: Any) -> None:
+        super().extend(items)
+        self._check()
+
+    def _check(self) -> None:
+        if self.move is not None and len(self) >= self.count:
+            move, self.move = self.move, None
+            asyncio.get_running_loop().call_soon(move)
+
+
+def test_leader_failover_during_a_read(
+    spark: Any, youzan: ThreadedCluster, subscriptions: list[Subscription]
+) -> None:
+    youzan.call(lambda: setattr(youzan.cluster, "record_deliveries", True))
+    youzan.run(youzan.cluster.create_topic("events", 1, 2, channels=["spark"]))
+    bodies = _bodies("f", 30_000)
+    _publish(youzan, "events", bodies, partition=0)
+    leader = youzan.call(lambda: youzan.cluster.leader("events", 0))
+    moves = _MoveAfter(2000, lambda: youzan.cluster.move_leader_now("events", 0, 1 - leader))
+    record = youzan.call(lambda: youzan.cluster.channel_record("events", "spark"))
+    youzan.call(lambda: setattr(record, "deliveries", moves))
+
+    rows = _batch(spark, youzan, "events").select("body", "queue_offset").collect()
+    assert moves.move is None, "the leader did not move"
+    assert [r.body for r in rows] == bodies  # every message once, in queue order
+    nodes = {s.node for s in subscriptions if s.topic == "events"}
+    assert nodes == {leader, 1 - leader}, "the read did not go on on the new leader"
+
+
+def test_batch_read_between_two_offsets(spark: Any, youzan: ThreadedCluster) -> None:
+    youzan.run(youzan.cluster.create_topic("events", 2, 1, channels=["spark"]))
+    _publish(youzan, "events", _bodies("p0", 200), partition=0)
+    _publish(youzan, "events", _bodies("p1", 200), partition=1)
+    logged = youzan.call(lambda: youzan.cluster.messages("events", 0))
+    # From inside message 20 (a position inside a message starts at the next one, as
+    # nsqd's seek does) to message 150; all of partition 1.
+    start, end = logged[20].offset + 3, logged[150].offset
+    starting = json.dumps({"events": {"0": start, "1": -2}})
+    ending = json.dumps({"events": {"0": end, "1": -1}})
+    frame = _batch(spark, youzan, "events", startingOffsets=starting, endingOffsets=ending)
+    rows = frame.select("partition", "queue_offset", "body").collect()
+    p0 = [(r.queue_offset, r.body) for r in rows if r.partition == 0]
+    assert p0 == [(m.offset, m.body) for m in logged[21:150]]
+    assert sorted(r.body for r in rows if r.partition == 1) == sorted(_bodies("p1", 200))
+    # Defaults: earliest to latest.
+    assert _batch(spark, youzan, "events").count() == 400
+
+
+def test_starting_timestamp(spark: Any, youzan: ThreadedCluster) -> None:
+    youzan.run(youzan.cluster.create_topic("events", 2, 1, channels=["spark"]))
+    _publish(youzan, "events", _bodies("old", 100))
+    # nsqd finds timestamps to the second: the new messages start in a later second.
+    second = int(time.time()) + 1
+    _wait(lambda: time.time() >= second, "the next second", 2.0)
+    newer = _bodies("new", 100)
+    _publish(youzan, "events", newer)
+    query = (
+        _source(spark, youzan, "events", startingTimestamp=second * 1000)
+        .writeStream.format("memory")
+        .queryName("from_timestamp")
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(WAIT)
+    assert query.exception() is None
+    rows = spark.table("from_timestamp").collect()
+    assert sorted(r.body for r in rows) == sorted(newer)
+
+
+def test_ordered_topic_keeps_each_partition_in_queue_order(
+    spark: Any, youzan: ThreadedCluster, tmp_path: Path
+) -> None:
+    youzan.run(youzan.cluster.create_topic("ledger", 4, 1, ordered=True, channels=["spark"]))
+    bodies = [f"ledger-{i}".encode() for i in range(2000)]
+    with smartnsq.sync.Producer(lookupd=[youzan.lookupd_url]) as producer:
+        for start in range(0, len(bodies), 100):
+            partition = (start // 100) % 4
+            producer.publish_many("ledger", bodies[start : start + 100], partition=partition)
+    batches: dict[int, list[tuple[int, int, bytes]]] = {}
+
+    def collect(frame: Any, batch_id: int) -> None:
+        rows = frame.select("partition", "queue_offset", "body").collect()
+        batches[batch_id] = [(r.partition, r.queue_offset, r.body) for r in rows]
+
+    def start(trigger: dict[str, Any]) -> Any:
+        stream = _source(
+            spark, youzan, "ledger", startingOffsets="earliest", maxMessagesPerTrigger=300
+        )
+        writer = stream.writeStream.foreachBatch(collect)
+        return writer.option("checkpointLocation", str(tmp_path / "cp")).trigger(**trigger).start()
+
+    query = start({"processingTime": "0 seconds"})
+    try:
+        _wait(lambda: len(batches) >= 2, "two micro-batches")
+    finally:
+        query.stop()
+    query = start({"availableNow": True})
+    query.awaitTermination(WAIT)
+    assert query.exception() is None
+
+    rows = [row for batch_id in sorted(batches) for row in batches[batch_id]]
+    assert sorted(body for _, _, body in rows) == sorted(bodies)
+    for partition in range(4):
+        offsets = [offset for p, offset, _ in rows if p == partition]
+        assert offsets == sorted(offsets), f"partition {partition} out of queue order"
+        assert len(offsets) == len(set(offsets))
