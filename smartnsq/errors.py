@@ -33,6 +33,7 @@ __all__ = [
     "ConnectionClosedError",
     "CreateTopicFailedError",
     "DPubFailedError",
+    "DataLossError",
     "ExtNotSupportedError",
     "ExtendSupportForbiddenError",
     "ExtendSupportRequiredError",
@@ -440,6 +441,13 @@ class NoWritablePartitionError(NSQError):
 
 class OrderViolationError(NSQError):
     """An ordered partition delivered a message whose id or offset went backwards."""
+
+
+class DataLossError(NSQError):
+    """A range of queue offsets to read is no longer in the queue: it starts before the
+    queue's first message (old data deleted) or ends past the queue's end (messages lost,
+    e.g. with a leader that failed before they were replicated). Not retriable: reading
+    again finds the same queue."""
 
 
 class AdminError(NSQError):

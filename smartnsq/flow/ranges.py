@@ -28,9 +28,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from smartnsq.errors import NSQError, ValidationError
+from smartnsq.errors import ValidationError
 
-__all__ = ["DEFAULT_LOOK_BEHIND", "DataLossError", "OffsetRange", "Placement", "RangeChain"]
+__all__ = ["DEFAULT_LOOK_BEHIND", "OffsetRange", "Placement", "RangeChain"]
 
 T = TypeVar("T")
 
@@ -38,12 +38,6 @@ T = TypeVar("T")
 # this size on disk; larger ones widen it (RangeChain.widen).
 DEFAULT_LOOK_BEHIND = 4096
 _WIDEN_FACTOR = 8
-
-
-class DataLossError(NSQError):
-    """A range to read is no longer in the queue: it starts before the queue's first message
-    (old data deleted) or ends past the queue's end (messages lost, e.g. with a leader that
-    failed before they were replicated)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,8 +37,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from smartnsq.errors import ValidationError
-from smartnsq.flow.ranges import DataLossError, OffsetRange
+from smartnsq.errors import DataLossError, ValidationError
+from smartnsq.flow.ranges import OffsetRange
 from smartnsq.protocol.commands import StartPosition
 from smartnsq.protocol.offsets import PartitionOffsets
 from smartnsq.spark.offsets import (

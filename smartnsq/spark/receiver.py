@@ -40,6 +40,7 @@ from smartnsq.protocol.validation import MAX_RDY_COUNT
 from smartnsq.spark.journal import Journal
 from smartnsq.spark.options import SourceOptions
 from smartnsq.spark.rows import Row, decode_row, encode_row, row_of
+from smartnsq.transport.waiting import wait_event
 
 __all__ = ["Receiver"]
 
@@ -457,8 +458,7 @@ class Receiver:
             if hold and quiet >= _SETTLE and all(c.is_starved() for c in self._consumers):
                 return  # the in-flight budget is used up: nothing more can arrive now
             arrived.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(arrived.wait(), min(idle - quiet, _SETTLE))
+            await wait_event(arrived, min(idle - quiet, _SETTLE))
 
     def _hold_capacity(self) -> int:
         if self._journal is not None:

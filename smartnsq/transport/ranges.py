@@ -43,6 +43,7 @@ import httpx
 
 from smartnsq.errors import (
     ConnectionClosedError,
+    DataLossError,
     NSQError,
     NSQTimeoutError,
     ProtocolError,
@@ -50,7 +51,6 @@ from smartnsq.errors import (
 )
 from smartnsq.flow.ranges import (
     DEFAULT_LOOK_BEHIND,
-    DataLossError,
     OffsetRange,
     Placement,
     RangeChain,
@@ -80,7 +80,7 @@ class RangeReader:
     ``start_is_boundary``: the caller knows ``span.start`` to be a message boundary (it saw
     it as the queue's end, say); otherwise the read begins a little before it to prove where
     the range really begins. ``fail_on_data_loss``: a range partly outside the queue raises
-    :class:`~smartnsq.flow.ranges.DataLossError`; otherwise what is left of it is read (and a
+    :class:`~smartnsq.errors.DataLossError`; otherwise what is left of it is read (and a
     warning logged). ``max_buffered``: messages ready that the caller has not taken; beyond it
     nsqd's flow is paused (RDY 0) until the caller takes them.
     """

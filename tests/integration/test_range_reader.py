@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 import smartnsq
-from smartnsq.flow.ranges import DataLossError, OffsetRange
+from smartnsq.errors import DataLossError
+from smartnsq.flow.ranges import OffsetRange
 from smartnsq.protocol.message import MessageFrame
 from smartnsq.testing import Cluster
 from smartnsq.transport.connection import ConnectionConfig

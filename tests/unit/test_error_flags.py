@@ -29,6 +29,7 @@ CLIENT_ERRORS: dict[type[e.NSQError], tuple[bool, bool]] = {
     e.NoWritablePartitionError: (True, True),
     e.OrderViolationError: (False, False),
     e.AdminError: (False, False),
+    e.DataLossError: (False, False),
     e.PlacementError: (False, False),
 }
 

@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from smartnsq.errors import ValidationError
-from smartnsq.flow.ranges import DataLossError
+from smartnsq.errors import DataLossError, ValidationError
 from smartnsq.protocol.commands import StartPosition
 from smartnsq.protocol.offsets import PartitionOffsets
 from smartnsq.spark.options import SourceOptions
