@@ -445,6 +445,7 @@ class Job:
     max_in_flight: int = 2500
     handler: str = "async"  # consume: "async" or "plain" (a def, run in threads)
     loop: str = "asyncio"  # the worker's event loop: "asyncio" or "uvloop"
+    gc: str = "default"  # the worker's garbage collector: "default" or "freeze"
     # extra environment of the worker: PYTHONPATH (another smartnsq tree), SMARTNSQ_PURE
     env: tuple[tuple[str, str], ...] = ()
 
@@ -489,7 +490,7 @@ def run_fresh(
         if job.linger is not None:
             argv += [f"--linger={job.linger}", f"--max-batch={job.max_batch}"]
         if job.client == "smartnsq":
-            argv += [f"--handler={job.handler}", f"--loop={job.loop}"]
+            argv += [f"--handler={job.handler}", f"--loop={job.loop}", f"--gc={job.gc}"]
         limit = timeout if timeout is not None else 60.0 + job.messages / 1000
         env = worker_env(dict(job.env))
         return run_worker(job.client, job.mode, argv, timeout=limit, python=python, env=env)

@@ -70,20 +70,21 @@ YOUZAN_PARTITIONS = 4
 class Variant:
     """How a smartnsq worker runs: which tree, which loop, which build."""
 
-    name: str  # smartnsq, smartnsq+uvloop, smartnsq/pure, base, base/pure+uvloop ...
+    name: str  # smartnsq, smartnsq+uvloop, smartnsq/pure, base, base/pure+uvloop+gc ...
     base: bool
     pure: bool
     uvloop: bool
+    gc: bool = False  # gc.freeze() once warmed up
 
     @classmethod
     def parse(cls, name: str) -> Variant:
-        head, plus, extra = name.partition("+")
+        head, *extras = name.split("+")
         tree, slash, build = head.partition("/")
         if tree not in ("smartnsq", "base") or (slash and build != "pure"):
             raise ValueError(name)
-        if plus and extra != "uvloop":
+        if set(extras) - {"uvloop", "gc"} or len(set(extras)) != len(extras):
             raise ValueError(name)
-        return cls(name, tree == "base", bool(slash), bool(plus))
+        return cls(name, tree == "base", bool(slash), "uvloop" in extras, "gc" in extras)
 
     def env(self, baseline: Path | None) -> tuple[tuple[str, str], ...]:
         env = []
@@ -208,6 +209,7 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
         mpub_window=args.mpub_window,
         handler=case.handler,
         loop=loop,
+        gc="freeze" if is_smartnsq(case.client) and Variant.parse(case.client).gc else "default",
         env=env,
     )
     return measure(job, Conditions.from_args(args), log)
@@ -329,6 +331,8 @@ def reference_variants(name: str) -> list[str]:
         found.append(name.replace("smartnsq", "base", 1))
     if variant.uvloop:
         found.append(name.replace("+uvloop", ""))
+    if variant.gc:
+        found.append(name.replace("+gc", ""))
     if variant.pure:
         found.append(name.replace("/pure", ""))
     return found

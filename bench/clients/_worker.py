@@ -191,6 +191,13 @@ def parse_args(client: str, workloads: tuple[str, ...], argv: list[str] | None =
         default="asyncio",
         help="the worker's event loop (made here: the same for every smartnsq version)",
     )
+    parser.add_argument(
+        "--gc",
+        choices=("default", "freeze"),
+        default="default",
+        help="freeze: gc.freeze() once started and warmed up (what exists then is never "
+        "collected again)",
+    )
     parser.add_argument("--cluster-pid", type=int, help="read this process's CPU too")
     parser.add_argument("--cpu", type=int, help="pin this worker to this core")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up after (s)")
@@ -215,6 +222,16 @@ def run_loop(main: Any, loop: str) -> Any:
         factory = asyncio.new_event_loop
     with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(main)
+
+
+def settle_gc(mode: str) -> None:
+    """Once started and warmed up: with ``freeze``, collect once and move every object to
+    the permanent generation."""
+    if mode == "freeze":
+        import gc
+
+        gc.collect()
+        gc.freeze()
 
 
 def refuse_unsupported(args: Any, client: str, publisher: str) -> None:

@@ -26,6 +26,7 @@ from _worker import (
     parse_args,
     percentiles,
     run_loop,
+    settle_gc,
 )
 
 import smartnsq
@@ -57,6 +58,7 @@ async def consume(args: Any, result: Result) -> None:
 
     handler = plain_handler if args.handler == "plain" else async_handler
 
+    settle_gc(args.gc)
     meter = Meter(args.cluster_pid)
     meter.start()
     consumer = Consumer(
@@ -126,6 +128,7 @@ async def publish(args: Any, result: Result) -> None:
     async with producer:
         await run(args.warmup)
         latencies.clear()
+        settle_gc(args.gc)
         batcher = producer._batcher  # read only: how many MPUBs auto-batching sent
         sent = batcher.batches_sent if batcher is not None else 0
         meter.start()
@@ -155,6 +158,7 @@ def main() -> int:
     work = consume if args.workload == "consume" else publish
     run_loop(work(args, result), args.loop)
     result.extra["loop"] = args.loop
+    result.extra["gc"] = args.gc
     result.extra["smartnsq_file"] = smartnsq.__file__
     result.extra["compiled"] = _compiled_modules()
     result.extra["env_pure"] = os.environ.get("SMARTNSQ_PURE", "")
