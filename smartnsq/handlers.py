@@ -219,12 +219,15 @@ class _ThreadPool:
         if self._closing:
             self._cancel(batch)
             return
-        self._work.extend(batch)
+        work = self._work
+        work.extend(batch)
         with self._lock:
             idle = self._idle
             if idle:
                 self._wake.notify(min(idle, len(batch)))
-        if not idle and self._started < self._threads:
+        # More threads while work waits that no idle one will take (up to the limit): a
+        # handler that blocks must not hold up the messages behind it.
+        for _ in range(min(len(work) - idle, self._threads - self._started)):
             self._start_worker()
 
     def _start_worker(self) -> None:

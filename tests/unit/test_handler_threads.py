@@ -107,6 +107,22 @@ async def test_handlers_run_concurrently_up_to_the_threads() -> None:
     assert await runner.close()
 
 
+async def test_one_hand_over_of_blocking_handlers_gets_all_the_threads() -> None:
+    """Eight messages released at once, each handler waiting for the others: eight threads
+    start, or the ones queued behind the first would wait forever."""
+    loop = asyncio.get_running_loop()
+    barrier = threading.Barrier(8, timeout=10)
+    runner = _runner(lambda message: barrier.wait(), threads=8)
+    runner.start(loop)
+    results = Results(8)
+    start = runner.starter(results)
+    for n in range(8):
+        start(_message(n))
+    await asyncio.wait_for(results.all_done, 15)
+    assert all(exc is None for _, exc in results.seen)
+    assert await runner.close()
+
+
 async def test_a_failure_is_reported_with_its_message() -> None:
     loop = asyncio.get_running_loop()
 
