@@ -1,4 +1,5 @@
-"""Builds smartnsq's compiled hot path, ``smartnsq/protocol/_speedups.pyx``, where it can.
+"""Builds smartnsq's compiled hot path (``smartnsq/protocol/_speedups.pyx``,
+``smartnsq/_eager_speedups.pyx``) where it can.
 
 Everything else is in pyproject.toml. Without a C compiler (or with ``SMARTNSQ_PURE_BUILD=1``)
 the extension is skipped with a warning and the install goes on: the pure-Python modules are
@@ -13,7 +14,10 @@ import sys
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-SPEEDUPS = Extension("smartnsq.protocol._speedups", ["smartnsq/protocol/_speedups.pyx"])
+SPEEDUPS = [
+    Extension("smartnsq.protocol._speedups", ["smartnsq/protocol/_speedups.pyx"]),
+    Extension("smartnsq._eager_speedups", ["smartnsq/_eager_speedups.pyx"]),
+]
 
 
 class OptionalBuildExt(build_ext):
@@ -48,7 +52,7 @@ def extensions() -> list[Extension]:
     except ImportError:
         print("smartnsq: Cython is missing; the pure-Python modules run", file=sys.stderr)
         return []
-    return list(cythonize([SPEEDUPS], quiet=True))
+    return list(cythonize(SPEEDUPS, quiet=True))
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

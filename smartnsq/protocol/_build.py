@@ -1,26 +1,27 @@
-"""Which build of the protocol floor's hot functions runs: the compiled twins in
-``_speedups`` (built by ``pip install`` where a C compiler is) unless ``SMARTNSQ_PURE`` is
-set, else the pure-Python functions, which are the reference and run everywhere."""
+"""Which build of the hot functions runs: their compiled twins (``protocol/_speedups`` and
+``_eager_speedups``, built by ``pip install`` where a C compiler is) unless ``SMARTNSQ_PURE``
+is set, else the pure-Python functions, which are the reference and run everywhere."""
 
 from __future__ import annotations
 
+import importlib
 import os
 from types import ModuleType
 
-__all__ = ["COMPILED", "PURE_ENV", "speedups"]
+__all__ = ["COMPILED", "PURE_ENV", "compiled", "speedups"]
 
 PURE_ENV = "SMARTNSQ_PURE"
 
 
-def _load() -> ModuleType | None:
+def compiled(name: str) -> ModuleType | None:
+    """The compiled module ``name``, or None: not built, or ``SMARTNSQ_PURE`` is set."""
     if os.environ.get(PURE_ENV, "").strip().lower() not in ("", "0", "false", "no", "off"):
         return None
     try:
-        from smartnsq.protocol import _speedups
+        return importlib.import_module(name)
     except ImportError:
         return None
-    return _speedups
 
 
-speedups = _load()
+speedups = compiled("smartnsq.protocol._speedups")
 COMPILED = speedups is not None

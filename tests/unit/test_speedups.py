@@ -160,3 +160,74 @@ def test_the_mpub_frame_leaves_what_is_not_bytes_to_the_reference() -> None:
     assert speedups.mpub_frame(head, iter([b"a"]), 1000) is None
     mixed = [b"a", bytearray(b"b")]
     assert commands._mpub_frame(head, mixed, 1000) == commands.pure_mpub_frame(head, mixed, 1000)
+
+
+# --------------------------------------------------------------------------- run_eager
+
+eager_twin = _build.compiled("smartnsq._eager_speedups")
+
+
+def test_the_compiled_run_eager_is_installed() -> None:
+    from smartnsq import eager
+
+    assert eager_twin is not None
+    assert eager.run_eager is eager_twin.run_eager
+    assert eager.pure_run_eager is not eager_twin.run_eager
+
+
+async def _scenarios(run: Any) -> list[Any]:
+    """The same coroutines through ``run``: what each gives back, and what ``done`` heard."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    heard: list[Any] = []
+
+    def done(arg: Any, exc: BaseException | None) -> None:
+        heard.append((arg, type(exc).__name__ if exc is not None else None))
+
+    async def returns() -> int:
+        return 42
+
+    async def raises() -> None:
+        raise ValueError("bad")
+
+    async def waits() -> str:
+        await asyncio.sleep(0)
+        return "later"
+
+    async def cancels_itself() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        await asyncio.sleep(0)
+
+    async def exits() -> None:
+        raise SystemExit(3)
+
+    outcomes: list[Any] = []
+    for name, coro in [
+        ("returns", returns()),
+        ("raises", raises()),
+        ("waits", waits()),
+        ("cancels", cancels_itself()),
+    ]:
+        task = run(loop, coro, done, name)
+        if not task.done():
+            await asyncio.sleep(0.01)
+        outcomes.append((name, task.done(), task.cancelled()))
+        if not task.cancelled():
+            outcomes.append(task.exception().__class__.__name__ if task.exception() else None)
+            if task.exception() is None:
+                outcomes.append(task.result())
+    try:
+        run(loop, exits(), done, "exits")
+    except SystemExit as exc:
+        outcomes.append(("exits", exc.code))
+    return [outcomes, heard]
+
+
+async def test_run_eager_matches_the_reference() -> None:
+    from smartnsq import eager
+
+    assert eager_twin is not None
+    assert await _scenarios(eager_twin.run_eager) == await _scenarios(eager.pure_run_eager)
