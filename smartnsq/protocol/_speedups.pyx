@@ -10,7 +10,8 @@ the Python code, which runs wherever this module was not built, or when ``SMARTN
 * ``decode_message``: ``message.decode_message``, the fields read the same way and the
   object built with its class's ``__new__`` and slot stores (no Python ``__init__`` call);
 * ``mpub_frame``: ``commands._mpub_frame``, the MPUB frame written into one preallocated
-  bytes object (one copy of each body, no per-body length-prefix object).
+  bytes object (one copy of each body, no per-body length-prefix object);
+* ``fin``: ``commands.fin``, the 21 bytes written at once.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
@@ -162,4 +163,25 @@ def mpub_frame(head, elements, Py_ssize_t max_body_size, str unit="bytes"):
         _put_u32(out, <uint32_t>n)
         memcpy(out + 4, PyBytes_AS_STRING(element), n)
         out += 4 + n
+    return frame
+
+
+cdef object _reference_fin = None  # commands.pure_fin
+
+
+def fin(message_id):
+    """``commands.fin``: ``FIN <16-byte id>\\n``."""
+    global _reference_fin
+    cdef unsigned char* out
+    if type(message_id) is not bytes or PyBytes_GET_SIZE(message_id) != 16:
+        if _reference_fin is None:
+            from smartnsq.protocol import commands
+
+            _reference_fin = commands.pure_fin
+        return _reference_fin(message_id)
+    frame = PyBytes_FromStringAndSize(NULL, 21)
+    out = <unsigned char*>PyBytes_AS_STRING(frame)
+    memcpy(out, b"FIN ", 4)
+    memcpy(out + 4, PyBytes_AS_STRING(message_id), 16)
+    out[20] = 10
     return frame

@@ -470,3 +470,9 @@ def req(message_id: bytes, delay_ms: int = 0, *, max_delay_ms: int = MAX_REQ_DEL
 def touch(message_id: bytes) -> bytes:
     """``TOUCH <16-byte id>\\n``: exactly 23 bytes."""
     return b"TOUCH " + check_message_id(message_id) + b"\n"
+
+
+# The compiled twin, where it was built (and SMARTNSQ_PURE is not set): the same bytes.
+pure_fin = fin
+if speedups is not None:
+    fin = speedups.fin

@@ -412,6 +412,7 @@ class Connection(ReusableReadBuffer):
 
     def _process(self) -> None:
         next_frame = self._decoder.next_frame
+        decode = decode_message
         while True:
             try:
                 frame = next_frame()
@@ -422,7 +423,20 @@ class Connection(ReusableReadBuffer):
                 return
             frame_type, data = frame
             if frame_type == FRAME_TYPE_MESSAGE:
-                self._on_message_frame(data)
+                # a message: decoded and handed on here, a call less per message
+                callback = self.on_message
+                if callback is None:
+                    log.warning(
+                        "%s: message frame on a connection without subscription", self.label
+                    )
+                    continue
+                try:
+                    message = decode(data, self.layout, self.message_class)
+                except ProtocolError as exc:
+                    self.abort(exc)
+                    continue
+                self.messages_received += 1
+                callback(self, message)
             elif frame_type == FRAME_TYPE_ERROR:
                 self._on_error_frame(data)
                 if self._closed:
@@ -445,19 +459,6 @@ class Connection(ReusableReadBuffer):
         self._held = False
         if self._decoder.buffered:
             self._process_and_flush()
-
-    def _on_message_frame(self, data: bytes) -> None:
-        callback = self.on_message
-        if callback is None:
-            log.warning("%s: message frame on a connection without subscription", self.label)
-            return
-        try:
-            message = decode_message(data, self.layout, self.message_class)
-        except ProtocolError as exc:
-            self.abort(exc)
-            return
-        self.messages_received += 1
-        callback(self, message)
 
     def _on_error_frame(self, data: bytes) -> None:
         code = data.split(b" ", 1)[0].decode("ascii", "replace")

@@ -154,6 +154,17 @@ def test_the_mpub_frame_matches_the_reference(
         assert type(compiled[1]) is bytes
 
 
+@settings(max_examples=200, deadline=None)
+@given(message_id=st.one_of(st.binary(min_size=16, max_size=16), st.binary(max_size=20)))
+def test_fin_matches_the_reference(message_id: bytes) -> None:
+    assert commands.fin is speedups.fin
+    compiled = _outcome(speedups.fin, message_id)
+    assert compiled == _outcome(commands.pure_fin, message_id)
+    assert _outcome(speedups.fin, bytearray(message_id)) == _outcome(
+        commands.pure_fin, bytearray(message_id)
+    )
+
+
 def test_the_mpub_frame_leaves_what_is_not_bytes_to_the_reference() -> None:
     head = commands.mpub_head("topic")
     assert speedups.mpub_frame(head, [b"a", bytearray(b"b")], 1000) is None
