@@ -390,6 +390,7 @@ def spawn_cluster(
                 stderr=errors,
                 stdin=subprocess.DEVNULL,
                 text=True,
+                env=cluster_env(),
                 preexec_fn=die_with_parent(signal.SIGTERM),
             )
             try:
@@ -442,6 +443,11 @@ class Job:
     mpub_window: int = 1
     concurrency: int = 100
     max_in_flight: int = 2500
+    handler: str = "async"  # consume: "async" or "plain" (a def, run in threads)
+    loop: str = "asyncio"  # the worker's event loop: "asyncio" or "uvloop"
+    gc: str = "default"  # the worker's garbage collector: "default" or "freeze"
+    # extra environment of the worker: PYTHONPATH (another smartnsq tree), SMARTNSQ_PURE
+    env: tuple[tuple[str, str], ...] = ()
 
 
 def run_fresh(
@@ -483,8 +489,27 @@ def run_fresh(
             argv.append(f"--cpu={client_cpu}")
         if job.linger is not None:
             argv += [f"--linger={job.linger}", f"--max-batch={job.max_batch}"]
+        if job.client == "smartnsq":
+            argv += [f"--handler={job.handler}", f"--loop={job.loop}", f"--gc={job.gc}"]
         limit = timeout if timeout is not None else 60.0 + job.messages / 1000
-        return run_worker(job.client, job.mode, argv, timeout=limit, python=python)
+        env = worker_env(dict(job.env))
+        return run_worker(job.client, job.mode, argv, timeout=limit, python=python, env=env)
+
+
+def worker_env(extra: dict[str, str]) -> dict[str, str]:
+    """A worker's environment: ours without what picks a smartnsq tree or build, plus
+    ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SMARTNSQ_PURE")}
+    env.update(extra)
+    return env
+
+
+def cluster_env() -> dict[str, str]:
+    """The embedded cluster's environment: always this tree, its default build, asyncio's
+    loop, whatever the client under test runs (the server stays the same for all)."""
+    env = worker_env({})
+    env["SMARTNSQ_UVLOOP"] = "0"
+    return env
 
 
 @dataclass(frozen=True)
@@ -603,6 +628,7 @@ def run_worker(
     *,
     timeout: float,
     python: str = sys.executable,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run ``clients/<client>_worker.py`` in its own process; its JSON result."""
     script = BENCH / "clients" / f"{client}_worker.py"
@@ -615,6 +641,7 @@ def run_worker(
             timeout=timeout + 30,
             stdin=subprocess.DEVNULL,
             check=False,
+            env=env,
             preexec_fn=die_with_parent(),
         )
     except subprocess.TimeoutExpired as exc:  # subprocess.run killed it

@@ -18,7 +18,16 @@ pub1 (sequential PUB, one in flight; latency of each), pub100 (100 concurrent pu
 sharing one producer), mpub100 (batches of 100, ``--mpub-window`` in flight); smartnsq also
 pub100 with auto-batching (``linger``) and the youzan rows.
 
-The table shows medians over rounds; the ratios are medians of same-round ratios.
+smartnsq runs in *variants*, each a row of its own: ``smartnsq`` (this tree, asyncio's
+loop, the compiled hot path where it is built), ``+uvloop`` (the worker on uvloop),
+``/pure`` (``SMARTNSQ_PURE=1``: the pure-Python modules even where compiled ones are built),
+and ``base`` (another tree, e.g. ``git archive main | tar -x -C /tmp/base``, given with
+``--baseline``: the worker runs with ``PYTHONPATH`` pointing there), in any combination
+(``base+uvloop``, ``smartnsq/pure+uvloop``). The cluster is the same for every variant: this
+tree, asyncio's loop. ``--variants all`` runs every combination.
+
+The table shows medians over rounds; the ratios are medians of same-round ratios, with the
+lowest and highest of them (the spread).
 """
 
 from __future__ import annotations
@@ -53,7 +62,47 @@ from _common import (
 )
 
 CLIENTS = ("smartnsq", "pynsq", "gnsq")
+OTHERS = CLIENTS[1:]
 YOUZAN_PARTITIONS = 4
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How a smartnsq worker runs: which tree, which loop, which build."""
+
+    name: str  # smartnsq, smartnsq+uvloop, smartnsq/pure, base, base/pure+uvloop+gc ...
+    base: bool
+    pure: bool
+    uvloop: bool
+    gc: bool = False  # gc.freeze() once warmed up
+
+    @classmethod
+    def parse(cls, name: str) -> Variant:
+        head, *extras = name.split("+")
+        tree, slash, build = head.partition("/")
+        if tree not in ("smartnsq", "base") or (slash and build != "pure"):
+            raise ValueError(name)
+        if set(extras) - {"uvloop", "gc"} or len(set(extras)) != len(extras):
+            raise ValueError(name)
+        return cls(name, tree == "base", bool(slash), "uvloop" in extras, "gc" in extras)
+
+    def env(self, baseline: Path | None) -> tuple[tuple[str, str], ...]:
+        env = []
+        if self.base:
+            if baseline is None:
+                raise ValueError(f"variant {self.name} needs --baseline")
+            env.append(("PYTHONPATH", str(baseline)))
+        if self.pure:
+            env.append(("SMARTNSQ_PURE", "1"))
+        return tuple(env)
+
+
+ALL_VARIANTS = tuple(
+    f"{tree}{build}{loop}"
+    for tree in ("smartnsq", "base")
+    for build in ("", "/pure")
+    for loop in ("", "+uvloop")
+)
 
 
 @dataclass(frozen=True)
@@ -66,6 +115,7 @@ class Case:
     youzan: bool = False
     linger: float | None = None
     max_batch: int = 50
+    handler: str = "async"
 
     @property
     def base(self) -> str:
@@ -73,9 +123,15 @@ class Case:
         return BASES.get(self.workload, self.workload)
 
 
-BASES = {"pub100-batched": "pub100", "consume-youzan4": "consume", "pub100-youzan4": "pub100"}
+BASES = {
+    "pub100-batched": "pub100",
+    "consume-youzan4": "consume",
+    "pub100-youzan4": "pub100",
+    "consume-plain": "consume",
+}
 WORKLOADS = (
     "consume",
+    "consume-plain",
     "pub1",
     "pub100",
     "pub100-batched",
@@ -85,14 +141,20 @@ WORKLOADS = (
 )
 
 
-def cases(linger: float, max_batch: int) -> list[Case]:
+def cases(linger: float, max_batch: int, variants: Sequence[str]) -> list[Case]:
     found = []
     for mode in ("consume", "pub1", "pub100", "mpub100"):
-        found += [Case(mode, client, mode) for client in CLIENTS]
-    found.append(Case("pub100-batched", "smartnsq", "pub100", linger=linger, max_batch=max_batch))
-    found.append(Case("consume-youzan4", "smartnsq", "consume", youzan=True))
-    found.append(Case("pub100-youzan4", "smartnsq", "pub100", youzan=True))
+        found += [Case(mode, client, mode) for client in (*variants, *OTHERS)]
+    for variant in variants:
+        found.append(Case("consume-plain", variant, "consume", handler="plain"))
+        found.append(Case("pub100-batched", variant, "pub100", linger=linger, max_batch=max_batch))
+        found.append(Case("consume-youzan4", variant, "consume", youzan=True))
+        found.append(Case("pub100-youzan4", variant, "pub100", youzan=True))
     return found
+
+
+def is_smartnsq(client: str) -> bool:
+    return client not in OTHERS
 
 
 @dataclass(frozen=True)
@@ -106,7 +168,11 @@ class Target:
 
 TARGETS = (
     Target("consume >= 6x pynsq", "consume", "ratio", 6.0),
-    Target("consume: client CPU <= 5 µs/msg", "consume", "cpu", 5.0),
+    Target("consume: client CPU <= 2 µs/msg (issue 23)", "consume", "cpu", 2.0),
+    Target("plain-function handler: client CPU <= 8 µs/msg", "consume-plain", "cpu", 8.0),
+    Target("sequential PUB: client CPU <= 25 µs/msg", "pub1", "cpu", 25.0),
+    Target("sequential PUB: p99 <= 2x p50", "pub1", "tail", 2.0),
+    Target("MPUB of 100: client CPU <= 0.5 µs/msg", "mpub100", "cpu", 0.5),
     Target("PUB, 100 in flight >= 2.9x pynsq", "pub100", "ratio", 2.9),
     Target("PUB, 100 in flight, auto-batching >= 5x pynsq", "pub100-batched", "ratio", 5.0),
     Target("sequential PUB latency p50 <= 0.85x pynsq", "pub1", "latency", 0.85),
@@ -126,8 +192,13 @@ def counts(args: argparse.Namespace) -> dict[str, int]:
 
 
 def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
+    program, loop, env = case.client, "asyncio", ()
+    if is_smartnsq(case.client):
+        variant = Variant.parse(case.client)
+        program, env = "smartnsq", variant.env(args.baseline)
+        loop = "uvloop" if variant.uvloop else "asyncio"
     job = Job(
-        case.client,
+        program,
         case.mode,
         counts(args)[case.mode],
         youzan=case.youzan,
@@ -136,6 +207,10 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
         max_batch=case.max_batch,
         warmup=args.warmup,
         mpub_window=args.mpub_window,
+        handler=case.handler,
+        loop=loop,
+        gc="freeze" if is_smartnsq(case.client) and Variant.parse(case.client).gc else "default",
+        env=env,
     )
     return measure(job, Conditions.from_args(args), log)
 
@@ -165,11 +240,12 @@ def run_all(
                 result = run_case(case, args)
             except (WorkerError, RuntimeError) as exc:
                 record["error"] = str(exc)
-                log(f"round {round_}: {case.workload:<16} {case.client:<9} FAILED: {exc}")
+                log(f"round {round_}: {case.workload:<16} {case.client:<22} FAILED: {exc}")
             else:
                 record.update(result)
                 record["workload"] = case.workload
-                log(f"round {round_}: {case.workload:<16} {case.client:<9} {describe(record)}")
+                record["client"] = case.client  # the variant, not the worker's name
+                log(f"round {round_}: {case.workload:<16} {case.client:<22} {describe(record)}")
             record["run_seconds"] = time.perf_counter() - started
             runs.append(record)
     return runs, probes
@@ -201,83 +277,126 @@ def summarize(runs: list[dict[str, Any]], selected: list[Case]) -> dict[str, Any
             if any(r.get("latency_us") for r in mine):
                 row["p50_us"] = median([r["latency_us"].get("p50") for r in mine])
                 row["p99_us"] = median([r["latency_us"].get("p99") for r in mine])
+                row["p99_over_p50"] = median(
+                    [
+                        r["latency_us"]["p99"] / r["latency_us"]["p50"]
+                        for r in mine
+                        if r.get("latency_us")
+                    ]
+                )
             row["version"] = mine[0].get("version")
         rows.append(row)
     ratios = []
+    present = {case.client for case in selected}
     for case in selected:
-        if case.client != "smartnsq":
+        if not is_smartnsq(case.client):
             continue
-        for other in CLIENTS[1:]:
-            per_round = same_round(
-                ok, case.workload, other, case.base, lambda a, b: rate(a) / rate(b)
-            )
-            if per_round:
-                ratios.append(
-                    {
-                        "workload": case.workload,
-                        "against": other,
-                        "metric": "msgs/s",
-                        "ratio": median(per_round),
-                        "rounds": len(per_round),
-                    }
-                )
-            if case.mode == "pub1":
-                per_round = same_round(
-                    ok,
-                    case.workload,
-                    other,
-                    case.base,
-                    lambda a, b: a["latency_us"]["p50"] / b["latency_us"]["p50"],
-                )
+        references = [(other, case.base) for other in OTHERS if other in present]
+        # the same workload against the other smartnsq variants it differs from by one lever
+        references += [
+            (other, case.workload)
+            for other in reference_variants(case.client)
+            if other in present and other != case.client
+        ]
+        for other, base in references:
+            for metric, ratio in METRICS:
+                latency = metric in ("p50", "p99")
+                if latency and case.mode != "pub1":
+                    continue
+                if not is_smartnsq(other) and metric not in ("msgs/s", "p50"):
+                    continue
+                per_round = same_round(ok, case.client, case.workload, other, base, ratio)
                 if per_round:
                     ratios.append(
                         {
                             "workload": case.workload,
+                            "client": case.client,
                             "against": other,
-                            "metric": "latency p50",
+                            "metric": metric,
                             "ratio": median(per_round),
+                            "min": min(per_round),
+                            "max": max(per_round),
                             "rounds": len(per_round),
                         }
                     )
     return {"rows": rows, "ratios": ratios, "targets": check_targets(rows, ratios)}
 
 
+def reference_variants(name: str) -> list[str]:
+    """What a variant is compared with: the base tree run the same way (before/after), and
+    the same tree without uvloop, and compiled rather than pure (one lever each)."""
+    variant = Variant.parse(name)
+    found = []
+    if not variant.base:
+        found.append(name.replace("smartnsq", "base", 1))
+    if variant.uvloop:
+        found.append(name.replace("+uvloop", ""))
+    if variant.gc:
+        found.append(name.replace("+gc", ""))
+    if variant.pure:
+        found.append(name.replace("/pure", ""))
+    return found
+
+
+def _cpu(run: dict[str, Any]) -> float:
+    return float(per_message(run, "cpu") or 0.0)
+
+
+METRICS: tuple[tuple[str, Callable[[dict[str, Any], dict[str, Any]], float]], ...] = (
+    ("msgs/s", lambda a, b: rate(a) / rate(b)),
+    ("client CPU", lambda a, b: _cpu(a) / _cpu(b)),
+    ("p50", lambda a, b: a["latency_us"]["p50"] / b["latency_us"]["p50"]),
+    ("p99", lambda a, b: a["latency_us"]["p99"] / b["latency_us"]["p99"]),
+)
+
+
 def same_round(
     runs: list[dict[str, Any]],
+    client: str,
     workload: str,
     other: str,
     base: str,
     ratio: Callable[[dict[str, Any], dict[str, Any]], float],
 ) -> list[float]:
-    mine = {r["round"]: r for r in runs if r["workload"] == workload and r["client"] == "smartnsq"}
+    mine = {r["round"]: r for r in runs if r["workload"] == workload and r["client"] == client}
     theirs = {r["round"]: r for r in runs if r["workload"] == base and r["client"] == other}
     return [ratio(mine[n], theirs[n]) for n in sorted(mine.keys() & theirs.keys())]
 
 
 def check_targets(rows: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every target, for every smartnsq variant measured."""
     checked = []
-    for target in TARGETS:
-        value: float | None = None
-        if target.kind == "cpu":
-            for row in rows:
-                if row["workload"] == target.workload and row["client"] == "smartnsq":
-                    value = row.get("client_us_per_msg")
-        else:
-            metric = "latency p50" if target.kind == "latency" else "msgs/s"
-            for ratio in ratios:
-                if (ratio["workload"], ratio["against"], ratio["metric"]) == (
-                    target.workload,
-                    target.against,
-                    metric,
-                ):
-                    value = ratio["ratio"]
-        if value is None:
-            met = None
-        elif target.kind == "ratio":
-            met = value >= target.limit
-        else:
-            met = value <= target.limit
-        checked.append({"target": target.text, "value": value, "met": met, "kind": target.kind})
+    variants = sorted({row["client"] for row in rows if is_smartnsq(row["client"])})
+    for variant in variants:
+        for target in TARGETS:
+            value: float | None = None
+            if target.kind in ("cpu", "tail"):
+                key = "client_us_per_msg" if target.kind == "cpu" else "p99_over_p50"
+                for row in rows:
+                    if row["workload"] == target.workload and row["client"] == variant:
+                        value = row.get(key)
+            else:
+                metric = "p50" if target.kind == "latency" else "msgs/s"
+                for ratio in ratios:
+                    if (ratio["workload"], ratio["client"], ratio["against"], ratio["metric"]) == (
+                        target.workload,
+                        variant,
+                        target.against,
+                        metric,
+                    ):
+                        value = ratio["ratio"]
+            if value is None:
+                continue
+            met = value >= target.limit if target.kind == "ratio" else value <= target.limit
+            checked.append(
+                {
+                    "target": target.text,
+                    "client": variant,
+                    "value": value,
+                    "met": met,
+                    "kind": target.kind,
+                }
+            )
     return checked
 
 
@@ -303,7 +422,7 @@ def report(summary: dict[str, Any], args: argparse.Namespace, env: dict[str, Any
         "(of which in the kernel), the cluster's; other load: CPU other processes used while "
         "measuring (% of one core)",
         "",
-        f"{'workload':<17}{'client':<10}{'msgs/s':>10}{'+-%':>5}{'client µs/msg':>15}"
+        f"{'workload':<17}{'client':<22}{'msgs/s':>10}{'+-%':>5}{'client µs/msg':>15}"
         f"{'(sys)':>7}{'cluster µs/msg':>16}{'other load':>12}{'p50 µs':>9}{'p99 µs':>9}"
         f"{'runs':>6}",
     ]
@@ -313,7 +432,7 @@ def report(summary: dict[str, Any], args: argparse.Namespace, env: dict[str, Any
         if row.get("msgs_per_s"):
             spread = 50 * (row["msgs_per_s_max"] - row["msgs_per_s_min"]) / row["msgs_per_s"]
         lines.append(
-            f"{row['workload']:<17}{row['client']:<10}"
+            f"{row['workload']:<17}{row['client']:<22}"
             f"{_num(row.get('msgs_per_s'), ',.0f', 10)}{_num(spread, '.0f', 5)}"
             f"{_num(row.get('client_us_per_msg'), '.2f', 15)}"
             f"{_num(row.get('client_sys_us_per_msg'), '.1f', 7)}"
@@ -325,30 +444,26 @@ def report(summary: dict[str, Any], args: argparse.Namespace, env: dict[str, Any
     unpinned = summary.get("unpinned_runs", 0)
     if unpinned:
         lines.append(f"WARNING: {unpinned} run(s) did not run on the cores asked for (see JSON)")
-    lines += ["", "same-round ratios (median over rounds; latency: lower is better)"]
-    lines.append(f"{'smartnsq workload':<30}{'metric':<13}{'vs pynsq':>10}{'vs gnsq':>10}")
-    keys: list[tuple[str, str]] = []
+    lines += [
+        "",
+        "same-round ratios: median over rounds [lowest-highest]; msgs/s: higher is better; "
+        "client CPU per message and latency: lower is better",
+        f"{'workload':<17}{'client':<22}{'against':<22}{'metric':<12}{'ratio':>8}"
+        f"{'spread':>16}{'rounds':>8}",
+    ]
     for ratio in summary["ratios"]:
-        key = (ratio["workload"], ratio["metric"])
-        if key not in keys:
-            keys.append(key)
-    for workload, metric in keys:
-        values = {
-            r["against"]: r["ratio"]
-            for r in summary["ratios"]
-            if (r["workload"], r["metric"]) == (workload, metric)
-        }
-        label = workload + (f" (vs {BASES[workload]})" if workload in BASES else "")
+        spread = f"[{ratio['min']:.2f}-{ratio['max']:.2f}]"
         lines.append(
-            f"{label:<30}{metric:<13}"
-            f"{_num(values.get('pynsq'), '.2f', 9)}x{_num(values.get('gnsq'), '.2f', 9)}x"
+            f"{ratio['workload']:<17}{ratio['client']:<22}{ratio['against']:<22}"
+            f"{ratio['metric']:<12}{ratio['ratio']:>7.2f}x{spread:>16}{ratio['rounds']:>8}"
         )
     lines += ["", "targets"]
     for target in summary["targets"]:
-        state = {True: "MET ", False: "MISS", None: "n/a "}[target["met"]]
+        state = "MET " if target["met"] else "MISS"
         unit = " µs/msg" if target["kind"] == "cpu" else "x"
-        value = "-" if target["value"] is None else f"{target['value']:.2f}{unit}"
-        lines.append(f"  [{state}] {target['target']}: {value}")
+        lines.append(
+            f"  [{state}] {target['client']:<22} {target['target']}: {target['value']:.2f}{unit}"
+        )
     return "\n".join(lines)
 
 
@@ -397,7 +512,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="small counts, 1 round (smoke)")
     parser.add_argument("--only", help=f"comma list of workloads: {','.join(WORKLOADS)}")
-    parser.add_argument("--clients", help=f"comma list of clients: {','.join(CLIENTS)}")
+    parser.add_argument(
+        "--clients", help="comma list of the other clients: pynsq,gnsq (default both; none: '')"
+    )
+    parser.add_argument(
+        "--variants",
+        default="smartnsq",
+        help="comma list of smartnsq variants ([smartnsq|base][/pure][+uvloop]), or 'all' "
+        "(default: smartnsq)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="the smartnsq tree the base variants run (its parent directory goes first in "
+        "PYTHONPATH: pass the directory that holds the smartnsq package)",
+    )
     parser.add_argument("--json", type=Path, help="write runs and summary here")
     for name, (full, quick) in COUNTS.items():
         what = "publish: unmeasured first" if name == "warmup" else f"messages per {name} run"
@@ -429,11 +558,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     unknown = only - set(WORKLOADS)
     if unknown:
         parser.error(f"--only: unknown workload(s) {sorted(unknown)}; known: {WORKLOADS}")
-    clients = set(CLIENTS if not args.clients else args.clients.split(","))
-    if clients - set(CLIENTS):
-        parser.error(f"--clients: unknown {sorted(clients - set(CLIENTS))}")
+    others = set(OTHERS if args.clients is None else filter(None, args.clients.split(",")))
+    if others - set(OTHERS):
+        parser.error(f"--clients: unknown {sorted(others - set(OTHERS))}")
+    names = ALL_VARIANTS if args.variants == "all" else tuple(args.variants.split(","))
+    if args.variants == "all" and args.baseline is None:
+        names = tuple(n for n in names if not n.startswith("base"))
+    for name in names:
+        try:
+            Variant.parse(name).env(args.baseline)
+        except ValueError as exc:
+            parser.error(f"--variants: {exc}")
+    if args.baseline is not None and not (args.baseline / "smartnsq").is_dir():
+        parser.error(f"--baseline: no smartnsq package in {args.baseline}")
+    args.variant_names = names
+    clients = set(names) | others
     args.selected = [
-        c for c in cases(args.linger, args.max_batch) if c.workload in only and c.client in clients
+        c
+        for c in cases(args.linger, args.max_batch, names)
+        if c.workload in only and c.client in clients
     ]
     if not args.selected:
         parser.error("nothing selected")
@@ -460,7 +603,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report(summary, args, env))
     print(f"\n({len(runs)} runs in {time.perf_counter() - started:.0f} s)")
     if args.json:
-        options = {k: v for k, v in vars(args).items() if k not in ("selected", "json")}
+        options = {
+            k: str(v) if isinstance(v, Path) else v
+            for k, v in vars(args).items()
+            if k not in ("selected", "json")
+        }
         data = {"environment": env, "options": options, "runs": runs, "summary": summary}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(data, indent=2) + "\n")

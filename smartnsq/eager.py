@@ -26,6 +26,8 @@ import types
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
+from smartnsq.protocol._build import compiled
+
 __all__ = ["EagerTask", "run_eager"]
 
 Done = Callable[[Any, "BaseException | None"], None]
@@ -334,3 +336,12 @@ def _resume(task: EagerTask, yielded: Any) -> Generator[Any, Any, Any]:
             _leave_task(loop, task)
             if carrier is not None:
                 _enter_task(loop, carrier)
+
+
+# The compiled twin, where it was built (and SMARTNSQ_PURE is not set): the same steps, the
+# first send into the coroutine done in C (no StopIteration, no context.run call).
+pure_run_eager = run_eager
+_twin = compiled("smartnsq._eager_speedups")
+if _twin is not None:
+    _twin.install(EagerTask, _enter_task, _leave_task, _current_task)
+    run_eager = _twin.run_eager

@@ -2,19 +2,27 @@
 
 A coroutine function runs eagerly, as a task (:mod:`smartnsq.eager`): no Task is created
 unless it really waits, yet it has a current task and a context of its own from its first
-line. A plain function runs in a thread pool, in a copy of the context (as
+line. A plain function runs in worker threads, each call in a copy of the context (as
 ``asyncio.to_thread`` would run it). With OpenTelemetry on, each call is a ``process`` span,
 current inside the handler, that continues the producer's trace on ext topics.
+
+Plain functions are handed to the threads in batches (:class:`_ThreadPool`): the messages
+released in one loop iteration go to a shared work queue at once, idle workers take them one
+by one, and each worker reports what it handled with one ``call_soon_threadsafe`` per batch
+of results. ``run_in_executor`` per message cost a future in each world, their chaining and
+a wake-up of the loop per message (measured: ~29 µs of client CPU per message).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextvars
 import functools
 import inspect
+import logging
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -24,9 +32,15 @@ from smartnsq.telemetry import Telemetry, describe_process
 
 __all__ = ["Done", "Handler", "HandlerRunner", "is_coroutine_function"]
 
+log = logging.getLogger("smartnsq.consumer")
+
 Handler = Callable[[Message], Any]
 # Called once a handler is over: (message, None) when it returned, (message, exc) if it raised.
 Done = Callable[[Message, "BaseException | None"], None]
+# A worker reports back after this many handled messages, or this long, whichever first (and
+# whenever it runs out of work): a slow handler's answers do not wait for a whole batch.
+RESULTS_EVERY = 64
+RESULTS_AFTER = 0.002
 
 
 def is_coroutine_function(handler: Any) -> bool:
@@ -59,26 +73,24 @@ class HandlerRunner:
         self.telemetry = telemetry
         self.metric_attributes = metric_attributes
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pool: _ThreadPool | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         if not self.is_coroutine:
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                self.threads, thread_name_prefix=f"smartnsq-{self.topic}"
+            self._pool = _ThreadPool(
+                self.handler, loop, self.threads, name=f"smartnsq-{self.topic}"
             )
 
     async def close(self, timeout: float = 5.0) -> bool:
-        """Let handlers still running in threads finish, without blocking the loop;
+        """Let handlers still running in threads finish, without blocking the loop (what
+        waits for a thread is handed back unhandled: ``done(message, CancelledError)``);
         whether they did within ``timeout``."""
-        executor, self._executor = self._executor, None
-        if executor is None:
+        pool, self._pool = self._pool, None
+        if pool is None:
             return True
-        shutdown = functools.partial(executor.shutdown, wait=True, cancel_futures=True)
         try:
-            await asyncio.wait_for(
-                asyncio.get_running_loop().run_in_executor(None, shutdown), timeout
-            )
+            await asyncio.wait_for(pool.shutdown(), timeout)
         except asyncio.TimeoutError:
             return False
         return True
@@ -86,6 +98,14 @@ class HandlerRunner:
     def starter(self, done: Done) -> Callable[[Message], None]:
         """What starts the handler on a message (``done`` is called when it is over): the
         shortest path for this handler and telemetry."""
+        if not self.is_coroutine and not self.telemetry.enabled and self._pool is not None:
+            submit = self._pool.submit
+            copy_context = contextvars.copy_context
+
+            def start_in_thread(message: Message) -> None:
+                submit((copy_context(), message, done))  # the thread sees what a task would
+
+            return start_in_thread
         if not self.is_coroutine or self.telemetry.enabled:
             return functools.partial(self.run, done=done)
         loop = self._loop
@@ -120,10 +140,11 @@ class HandlerRunner:
                     done(message, exc)
                     return
                 run_eager(loop, coro, done, message)
-            elif self._executor is not None:
-                run = contextvars.copy_context().run  # the thread sees what a task would
-                future = loop.run_in_executor(self._executor, run, self.handler, message)
-                future.add_done_callback(functools.partial(_thread_done, done, message))
+            elif self._pool is not None:
+                # the thread sees what a task would (the process span too)
+                self._pool.submit((contextvars.copy_context(), message, done))
+            else:  # closed: unhandled, nsqd redelivers it
+                done(message, asyncio.CancelledError())
         finally:
             if token is not None:
                 Telemetry.detach(token)
@@ -154,10 +175,157 @@ class HandlerRunner:
         return observed, token
 
 
-def _thread_done(done: Done, message: Message, future: asyncio.Future[Any]) -> None:
-    """A handler run in a thread is over: ``done(message, exc)``. SystemExit and
-    KeyboardInterrupt raised by the handler are raised again, on the loop."""
-    exc = asyncio.CancelledError() if future.cancelled() else future.exception()
-    done(message, exc)
-    if exc is not None and not isinstance(exc, (Exception, asyncio.CancelledError)):
-        raise exc
+Work = tuple[contextvars.Context, Message, Done]
+Result = tuple[Message, "BaseException | None", Done]
+
+
+class _ThreadPool:
+    """Up to ``threads`` worker threads (started as work waits and none is idle) running
+    ``handler`` on messages, each call in the context that came with it.
+
+    On the loop: :meth:`submit` collects what one loop iteration releases and hands it over
+    at once (one wake-up of the idle workers per batch); ``done(message, exc)`` is called
+    for each handled message, in batches (one ``call_soon_threadsafe`` per batch of
+    results). SystemExit and KeyboardInterrupt raised by the handler are raised again on
+    the loop, after ``done``.
+    """
+
+    def __init__(
+        self, handler: Handler, loop: asyncio.AbstractEventLoop, threads: int, *, name: str
+    ) -> None:
+        self._handler = handler
+        self._loop = loop
+        self._threads = max(1, threads)
+        self._name = name
+        self._batch: list[Work] = []  # submitted in this loop iteration (loop side only)
+        self._work: deque[Work] = deque()  # handed over, not taken by a worker yet
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._idle = 0  # workers waiting for work (under the lock)
+        self._started = 0
+        self._running = 0  # workers not exited yet (under the lock)
+        self._closing = False
+        self._exited: asyncio.Future[None] | None = None
+
+    def submit(self, work: Work) -> None:
+        """Run ``work`` in a thread (from the loop)."""
+        batch = self._batch
+        batch.append(work)
+        if len(batch) == 1:
+            self._loop.call_soon(self._hand_over)
+
+    def _hand_over(self) -> None:
+        batch, self._batch = self._batch, []
+        if self._closing:
+            self._cancel(batch)
+            return
+        work = self._work
+        work.extend(batch)
+        with self._lock:
+            idle = self._idle
+            if idle:
+                self._wake.notify(min(idle, len(batch)))
+        # More threads while work waits that no idle one will take (up to the limit): a
+        # handler that blocks must not hold up the messages behind it.
+        for _ in range(min(len(work) - idle, self._threads - self._started)):
+            self._start_worker()
+
+    def _start_worker(self) -> None:
+        self._started += 1
+        with self._lock:
+            self._running += 1
+        thread = threading.Thread(
+            target=self._worker, name=f"{self._name}_{self._started}", daemon=True
+        )
+        thread.start()
+
+    def _worker(self) -> None:
+        work = self._work
+        take = work.popleft
+        handler = self._handler
+        clock = time.monotonic
+        results: list[Result] = []
+        report_at = clock() + RESULTS_AFTER
+        try:
+            while True:
+                try:
+                    context, message, done = take()
+                except IndexError:
+                    if results:
+                        self._report(results)
+                        results = []
+                    with self._lock:
+                        while not work and not self._closing:
+                            self._idle += 1
+                            try:
+                                self._wake.wait()
+                            finally:
+                                self._idle -= 1
+                        if not work and self._closing:
+                            return
+                    report_at = clock() + RESULTS_AFTER
+                    continue
+                try:
+                    context.run(handler, message)
+                except BaseException as exc:  # noqa: BLE001 - the handler's failure goes to done()
+                    results.append((message, exc, done))
+                else:
+                    results.append((message, None, done))
+                if len(results) >= RESULTS_EVERY or clock() >= report_at:
+                    self._report(results)
+                    results = []
+                    report_at = clock() + RESULTS_AFTER
+        finally:
+            if results:
+                self._report(results)
+            with self._lock:
+                self._running -= 1
+                last = self._running == 0 and self._closing
+            if last:
+                self._call(self._all_exited)
+
+    def _report(self, results: list[Result]) -> None:
+        self._call(self._finished, results)
+
+    def _call(self, callback: Callable[..., None], *args: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the loop is closed: nobody is left to tell
+            log.debug("%s: handler results after the loop closed", self._name)
+
+    @staticmethod
+    def _finished(results: list[Result]) -> None:
+        """On the loop: ``done`` for each; SystemExit and KeyboardInterrupt raised by a
+        handler go on up from here, once every result is delivered."""
+        escaped: BaseException | None = None
+        for message, exc, done in results:
+            done(message, exc)
+            if escaped is None and exc is not None and not isinstance(exc, Exception):
+                escaped = exc
+        if escaped is not None:
+            raise escaped
+
+    @staticmethod
+    def _cancel(works: Any) -> None:
+        for _context, message, done in works:
+            done(message, asyncio.CancelledError())
+
+    def _all_exited(self) -> None:
+        if self._exited is not None and not self._exited.done():
+            self._exited.set_result(None)
+
+    async def shutdown(self) -> None:
+        """What waits for a thread is handed back (``done(message, CancelledError)``), the
+        handlers running finish, and the threads exit."""
+        self._closing = True
+        pending, self._batch = self._batch, []
+        with self._lock:
+            while self._work:
+                pending.append(self._work.popleft())
+            self._wake.notify_all()
+            running = self._running
+            if running:
+                self._exited = self._loop.create_future()
+        self._cancel(pending)
+        if running and self._exited is not None:
+            await asyncio.shield(self._exited)

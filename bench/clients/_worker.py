@@ -179,6 +179,25 @@ def parse_args(client: str, workloads: tuple[str, ...], argv: list[str] | None =
     parser.add_argument("--max-in-flight", type=int, default=2500, help="consume")
     parser.add_argument("--linger", type=float, help="smartnsq: auto-batching linger (s)")
     parser.add_argument("--max-batch", type=int, default=100, help="smartnsq: auto-batch size")
+    parser.add_argument(
+        "--handler",
+        choices=("async", "plain"),
+        default="async",
+        help="consume: an async def handler, or a plain def (run in threads)",
+    )
+    parser.add_argument(
+        "--loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="the worker's event loop (made here: the same for every smartnsq version)",
+    )
+    parser.add_argument(
+        "--gc",
+        choices=("default", "freeze"),
+        default="default",
+        help="freeze: gc.freeze() once started and warmed up (what exists then is never "
+        "collected again)",
+    )
     parser.add_argument("--cluster-pid", type=int, help="read this process's CPU too")
     parser.add_argument("--cpu", type=int, help="pin this worker to this core")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up after (s)")
@@ -189,6 +208,30 @@ def parse_args(client: str, workloads: tuple[str, ...], argv: list[str] | None =
         parser.error(f"mpub100: --messages must be a multiple of --batch ({args.batch})")
     pin(args.cpu)
     return args
+
+
+def run_loop(main: Any, loop: str) -> Any:
+    """Run the coroutine ``main`` to completion on a new loop of the kind asked for."""
+    import asyncio
+
+    if loop == "uvloop":
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    else:
+        factory = asyncio.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main)
+
+
+def settle_gc(mode: str) -> None:
+    """Once started and warmed up: with ``freeze``, collect once and move every object to
+    the permanent generation."""
+    if mode == "freeze":
+        import gc
+
+        gc.collect()
+        gc.freeze()
 
 
 def refuse_unsupported(args: Any, client: str, publisher: str) -> None:

@@ -9,6 +9,8 @@ returning finishes the message. ``--nsqd`` for classic nsqd, ``--lookupd`` for y
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -23,6 +25,8 @@ from _worker import (
     emit,
     parse_args,
     percentiles,
+    run_loop,
+    settle_gc,
 )
 
 import smartnsq
@@ -35,15 +39,26 @@ def _targets(args: Any) -> dict[str, list[str]]:
 
 async def consume(args: Any, result: Result) -> None:
     expected = args.messages
-    done = asyncio.get_running_loop().create_future()
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
     received = 0
+    handler: Callable[[Message], Any]
 
-    async def handler(message: Message) -> None:
+    async def async_handler(message: Message) -> None:
         nonlocal received
         received += 1
         if received == expected:
             done.set_result(None)
 
+    counter = itertools.count(1)  # next() is atomic: the plain handler runs in threads
+
+    def plain_handler(message: Message) -> None:
+        if next(counter) == expected:
+            loop.call_soon_threadsafe(done.set_result, None)
+
+    handler = plain_handler if args.handler == "plain" else async_handler
+
+    settle_gc(args.gc)
     meter = Meter(args.cluster_pid)
     meter.start()
     consumer = Consumer(
@@ -60,8 +75,9 @@ async def consume(args: Any, result: Result) -> None:
         stats = consumer.stats()
     finally:
         await consumer.close()
-    meter.fill(result, received)
+    meter.fill(result, expected)
     result.extra = {"finished": stats.finished, "connections": stats.connections}
+    result.extra["handler"] = args.handler
 
 
 async def _sequential(publish: Callable[[], Awaitable[Any]], count: int, lat: list[int]) -> None:
@@ -112,6 +128,7 @@ async def publish(args: Any, result: Result) -> None:
     async with producer:
         await run(args.warmup)
         latencies.clear()
+        settle_gc(args.gc)
         batcher = producer._batcher  # read only: how many MPUBs auto-batching sent
         sent = batcher.batches_sent if batcher is not None else 0
         meter.start()
@@ -126,11 +143,25 @@ async def publish(args: Any, result: Result) -> None:
         result.extra["max_batch"] = max_batch
 
 
+def _compiled_modules() -> list[str]:
+    """The smartnsq modules loaded from compiled extensions."""
+    return sorted(
+        name
+        for name, module in list(sys.modules.items())
+        if name.startswith("smartnsq") and (getattr(module, "__file__", "") or "").endswith(".so")
+    )
+
+
 def main() -> int:
     args = parse_args("smartnsq", CONSUME_WORKLOADS + PUBLISH_WORKLOADS)
     result = Result("smartnsq", smartnsq.__version__, args.workload)
     work = consume if args.workload == "consume" else publish
-    asyncio.run(work(args, result))
+    run_loop(work(args, result), args.loop)
+    result.extra["loop"] = args.loop
+    result.extra["gc"] = args.gc
+    result.extra["smartnsq_file"] = smartnsq.__file__
+    result.extra["compiled"] = _compiled_modules()
+    result.extra["env_pure"] = os.environ.get("SMARTNSQ_PURE", "")
     emit(result)
     return 0
 

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 from typing import Any
 
+from smartnsq import loops
 from smartnsq.cli._common import (
     add_admin_options,
     add_verbosity,
@@ -63,6 +63,6 @@ def run_create(args: argparse.Namespace) -> int:
         async with admin_for(args) as admin:
             await admin.create_channel(topic, channel, wait=None if args.no_wait else 30.0)
 
-    asyncio.run(create())
+    loops.run(create())
     print(f"channel {topic}/{channel}: registered")
     return 0

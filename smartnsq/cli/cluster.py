@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from smartnsq import loops
 from smartnsq.cli.usage import UsageError
 from smartnsq.errors import ValidationError
 from smartnsq.protocol.validation import check_channel, check_topic
@@ -192,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
     _check_plan(args, topics, channels)
     restore_gc = tune_gc()
     try:
-        return asyncio.run(_serve(args, topics, channels))
+        return loops.run(_serve(args, topics, channels))
     finally:
         restore_gc()
 

@@ -20,6 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from smartnsq import loops
 from smartnsq.cli._common import Progress, add_verbosity, plural, setup_logging, table
 from smartnsq.cli.usage import UsageError
 from smartnsq.consumer import Consumer
@@ -119,7 +120,7 @@ def _settings(args: argparse.Namespace) -> _Settings:
 def run(args: argparse.Namespace) -> int:
     settings = _settings(args)
     setup_logging("demo", args.verbose)
-    return asyncio.run(_Demo(settings).main())
+    return loops.run(_Demo(settings).main())
 
 
 # --------------------------------------------------------------------------- checking

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from smartnsq import loops
 from smartnsq.cli._common import (
     add_connection_options,
     add_verbosity,
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     if target.lookupd is None:
         raise UsageError("lookup asks nsqlookupd: give --lookupd (or $SMARTNSQ_LOOKUPD)")
     setup_logging("lookup", args.verbose)
-    answers = asyncio.run(
+    answers = loops.run(
         _lookup_all(target.lookupd, topic, args.access, args.verbose, target.address_map)
     )
     if args.json:

@@ -4,10 +4,10 @@ each partition of its topic, moved or shown (Admin.seek, Admin.offsets)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 from typing import Any
 
+from smartnsq import loops
 from smartnsq.cli._common import (
     add_admin_options,
     add_verbosity,
@@ -103,7 +103,7 @@ def run_seek(args: argparse.Namespace) -> int:
         async with admin_for(args) as admin:
             return await admin.seek(topic, channel, position, partitions=args.partition)
 
-    results = asyncio.run(seek())
+    results = loops.run(seek())
     for result in results:
         if result.empty:
             print(f"partition {result.partition}: no messages, left as it is")
@@ -123,7 +123,7 @@ def run_lag(args: argparse.Namespace) -> int:
         async with admin_for(args) as admin:
             return await admin.offsets(topic, channel)
 
-    partitions = asyncio.run(offsets())
+    partitions = loops.run(offsets())
     if args.json:
         rows = [_as_json(offsets) for offsets in partitions]
         print(json.dumps({"topic": topic, "channel": channel, "partitions": rows}))

@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from smartnsq import loops
 from smartnsq.cli._common import (
     Progress,
     Target,
@@ -219,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("no BODY arguments, and stdin is closed")
     setup_logging("pub", args.verbose)
     publisher = _Publisher(args, topic, target, key, ext)
-    return asyncio.run(publisher.main(bodies or None))
+    return loops.run(publisher.main(bodies or None))
 
 
 class _LineTooLongError(Exception):

@@ -10,6 +10,7 @@ import signal
 import sys
 from typing import Any
 
+from smartnsq import loops
 from smartnsq.cli._common import (
     Target,
     add_connection_options,
@@ -134,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(sys.stdout, io.TextIOWrapper):
         # A body the terminal's encoding cannot show must not fail (and requeue) forever.
         sys.stdout.reconfigure(errors="backslashreplace")
-    return asyncio.run(_Tail(args, topic, channel, target).main())
+    return loops.run(_Tail(args, topic, channel, target).main())
 
 
 class _Tail:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 from typing import Any
 
+from smartnsq import loops
 from smartnsq.admin import MAX_PARTITIONS, MAX_REPLICAS
 from smartnsq.cli._common import (
     add_admin_options,
@@ -108,7 +108,7 @@ def run_create(args: argparse.Namespace) -> int:
             )
             return await admin.is_youzan()
 
-    youzan = asyncio.run(create())
+    youzan = loops.run(create())
     if not youzan:
         # what classic nsqd makes: the topic (and channels) on each nsqd, nothing else
         made = ", channels: " + ", ".join(channels) if channels else ""
@@ -136,6 +136,6 @@ def run_delete(args: argparse.Namespace) -> int:
         async with admin_for(args) as admin:
             await admin.delete_topic(topic)
 
-    asyncio.run(delete())
+    loops.run(delete())
     print(f"topic {topic}: deleted")
     return 0

@@ -19,6 +19,7 @@ from itertools import chain
 from typing import Any
 
 from smartnsq.errors import ValidationError
+from smartnsq.protocol._build import speedups
 from smartnsq.protocol.validation import (
     MAX_BODY_SIZE,
     MAX_DPUB_DELAY_MS,
@@ -282,6 +283,17 @@ def pub_with_head(head: bytes, body: bytes) -> bytes:
 def _mpub_frame(
     head: bytes, elements: Sequence[bytes], max_body_size: int, unit: str = "bytes"
 ) -> bytes:
+    if speedups is not None:  # the compiled twin: one preallocated frame, one copy per body
+        frame: bytes | None = speedups.mpub_frame(head, elements, max_body_size, unit)
+        if frame is not None:  # None: not a list of bytes, the reference below takes it
+            return frame
+    return pure_mpub_frame(head, elements, max_body_size, unit)
+
+
+def pure_mpub_frame(
+    head: bytes, elements: Sequence[bytes], max_body_size: int, unit: str = "bytes"
+) -> bytes:
+    """The MPUB frame: ``head``, ``[size][count]``, then ``[size][element]`` each."""
     sizes = list(map(len, elements))
     size = 4 + 4 * len(sizes) + sum(sizes)
     if size > max_body_size:
@@ -458,3 +470,9 @@ def req(message_id: bytes, delay_ms: int = 0, *, max_delay_ms: int = MAX_REQ_DEL
 def touch(message_id: bytes) -> bytes:
     """``TOUCH <16-byte id>\\n``: exactly 23 bytes."""
     return b"TOUCH " + check_message_id(message_id) + b"\n"
+
+
+# The compiled twin, where it was built (and SMARTNSQ_PURE is not set): the same bytes.
+pure_fin = fin
+if speedups is not None:
+    fin = speedups.fin

@@ -11,6 +11,7 @@ import struct
 from typing import NamedTuple
 
 from smartnsq.errors import ProtocolError
+from smartnsq.protocol._build import speedups
 from smartnsq.protocol.buffer import InputBuffer
 
 __all__ = [
@@ -92,3 +93,9 @@ class FrameDecoder(InputBuffer):
         while (frame := self.next_frame()) is not None:
             append(Frame(*frame))
         return frames
+
+
+# The compiled twin, where it was built (and SMARTNSQ_PURE is not set): the same frames.
+pure_next_frame = FrameDecoder.next_frame
+if speedups is not None:
+    FrameDecoder.next_frame = speedups.next_frame  # type: ignore[method-assign]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from smartnsq.errors import ProtocolError
+from smartnsq.protocol._build import speedups
 
 __all__ = [
     "EXT_VERSION_JSON",
@@ -200,3 +201,9 @@ def youzan_message_id(internal_id: int, trace_id: int = 0) -> bytes:
 
 def partition_of_internal_id(internal_id: int) -> int:
     return internal_id >> PARTITION_ID_SHIFT
+
+
+# The compiled twin, where it was built (and SMARTNSQ_PURE is not set): the same objects.
+pure_decode_message = decode_message
+if speedups is not None:
+    decode_message = speedups.decode_message

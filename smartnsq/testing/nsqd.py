@@ -305,8 +305,11 @@ class ClientSession(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
         self._inbox = memoryview(bytearray(_READ_SIZE))
+        # nsqd's buffered writer: frames waiting to be written, and how many bytes of them
         self._out: list[bytes] = []
-        self._flush_scheduled = False
+        self._out_size = 0
+        self._ticker: asyncio.TimerHandle | None = None  # the output buffer timeout's flush
+        self._ticker_origin = self._loop.time()
         self._codec: StreamCodec | None = None
         self._upgrading = False
         self._closed = False
@@ -349,6 +352,9 @@ class ClientSession(asyncio.BufferedProtocol):
         self.node.sessions.discard(self)
         if self._hb_handle is not None:
             self._hb_handle.cancel()
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
         if self.channel is not None:
             channel = self.channel
             self.channel = None
@@ -404,15 +410,25 @@ class ClientSession(asyncio.BufferedProtocol):
                 self._write(encode_response(response))
 
     # ------------------------------------------------------------------ output
+    #
+    # As nsqd writes (protocol_v2.go Send and messagePump; client_v2.go's buffered writer of
+    # output_buffer_size bytes): a response or error frame is flushed as soon as it is
+    # written, one write per frame, with whatever message frames were buffered before it.
+    # Message frames are buffered: written once output_buffer_size bytes wait, at once when
+    # the client is not ready for more (in flight >= RDY), else at the next tick of the
+    # output_buffer_timeout ticker (never, with the timeout disabled).
 
     def _write(self, frame: bytes) -> None:
+        """A response or error frame: written now (nsqd flushes every non-message frame)."""
         self._out.append(frame)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+        self._flush()
 
     def _flush(self) -> None:
-        self._flush_scheduled = False
+        ticker = self._ticker
+        if ticker is not None:
+            ticker.cancel()
+            self._ticker = None
+        self._out_size = 0
         if not self._out or self.transport is None:
             return
         data = b"".join(self._out) if len(self._out) > 1 else self._out[0]
@@ -589,6 +605,7 @@ class ClientSession(asyncio.BufferedProtocol):
             self._set_output_buffer_size(size, clamp=False)
             if size == -1:
                 self.output_buffer_timeout = 0
+        self._ticker_origin = self._loop.time()  # messagePump starts a new ticker
 
         rate = data.get("sample_rate", 0)
         if not 0 <= rate <= 99:
@@ -1217,35 +1234,50 @@ class ClientSession(asyncio.BufferedProtocol):
 
     def deliver_many(self, deliveries: list[Delivery]) -> None:
         out = self._out
+        added = 0
         if self._plain_frames:
             # encode_message_frame's bytes without its generality: the layout has no ext or
             # detail block, so a frame is [head][id][body].
             for delivery in deliveries:
                 record = delivery.record
                 body = record.body
-                out.append(_pack_plain_head(30 + len(body), 2, record.timestamp, delivery.attempts))
+                size = len(body)
+                out.append(_pack_plain_head(30 + size, 2, record.timestamp, delivery.attempts))
                 out.append(record.id)
                 out.append(body)
+                added += 34 + size
         else:
             ext = self.ext_block
             detail = self.detail
             for delivery in deliveries:
                 record = delivery.record
-                out.append(
-                    encode_message_frame(
-                        record.timestamp,
-                        delivery.attempts,
-                        record.id,
-                        record.body,
-                        ext_version=record.ext_version if ext else None,
-                        ext_raw=record.ext_raw,
-                        offset=record.offset if detail else None,
-                        raw_size=record.raw_size if detail else None,
-                    )
+                frame = encode_message_frame(
+                    record.timestamp,
+                    delivery.attempts,
+                    record.id,
+                    record.body,
+                    ext_version=record.ext_version if ext else None,
+                    ext_raw=record.ext_raw,
+                    offset=record.offset if detail else None,
+                    raw_size=record.raw_size if detail else None,
                 )
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+                out.append(frame)
+                added += len(frame)
+        self._buffered(added)
+
+    def _buffered(self, size: int) -> None:
+        """``size`` bytes of message frames were buffered: flush as nsqd's pump would."""
+        self._out_size += size
+        if self._out_size >= self.output_buffer_size or self.in_flight >= self.rdy:
+            self._flush()  # the buffer is full, or the client is not ready for more
+        elif self._ticker is None and self.output_buffer_timeout > 0:
+            period = self.output_buffer_timeout / 1000
+            phase = (self._loop.time() - self._ticker_origin) % period
+            self._ticker = self._loop.call_later(period - phase, self._tick)
+
+    def _tick(self) -> None:
+        self._ticker = None
+        self._flush()
 
 
 class _StoredDeflate(DeflateCodec):

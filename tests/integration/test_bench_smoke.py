@@ -127,7 +127,9 @@ def test_compare_one_workload(tmp_path: Path) -> None:
             *FAST,
         ]
     )
-    assert "smartnsq/pynsq" in out or "vs pynsq" in out
-    rows = json.loads(result.read_text())["summary"]["rows"]
+    assert "same-round ratios" in out
+    summary = json.loads(result.read_text())["summary"]
+    assert {r["against"] for r in summary["ratios"]} == {"pynsq", "gnsq"}
+    rows = summary["rows"]
     assert {row["client"] for row in rows} == {"smartnsq", "pynsq", "gnsq"}
     assert all(row["runs"] == 1 for row in rows)

@@ -152,6 +152,36 @@ async def test_pipelining_keeps_order(single: Cluster) -> None:
     await conn.close()
 
 
+async def test_a_lone_request_leaves_at_once_with_no_flush_scheduled(single: Cluster) -> None:
+    """A sequential publish on an idle connection costs one write and no loop callback (a
+    loop iteration less per round trip); one queued behind it waits for the flush."""
+    conn = await _open(single.nsqd_addresses[0])
+    transport = conn._transport
+    assert transport is not None
+    writes: list[int] = []
+    write = transport.write
+
+    def spy(data: bytes | bytearray | memoryview) -> None:
+        writes.append(len(data))
+        write(data)
+
+    transport.write = spy  # type: ignore[method-assign]
+    for _ in range(3):
+        future = conn.request_future(c.pub("t", b"x", 0), "PUB")
+        assert len(writes) == 1
+        assert conn._flush_handle is None
+        assert await future == OK
+        writes.clear()
+    first = conn.request_future(c.pub("t", b"a", 0), "PUB")
+    second = conn.request_future(c.pub("t", b"b", 0), "PUB")
+    assert len(writes) == 1  # the second is coalesced with whatever else this iteration sends
+    assert conn._flush_handle is not None
+    assert await asyncio.gather(first, second) == [OK, OK]
+    assert len(writes) == 2
+    assert [r.body for r in single.messages("t")][-2:] == [b"a", b"b"]
+    await conn.close()
+
+
 async def test_a_burst_of_requests_leaves_in_chunks_of_flush_at(single: Cluster) -> None:
     """Writes start before the burst is fully queued (nsqd works while the client encodes);
     the small writes of one loop iteration still leave together."""
