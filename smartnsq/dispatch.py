@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from pathlib import Path
@@ -157,7 +158,7 @@ class Dispatcher:
         backoff, idle, busy = self._rdy_options
         rdy: RdyController[Subscription] = RdyController(
             self.max_in_flight,
-            clock=loop.time,
+            clock=_clock_of(loop),
             backoff=backoff,
             low_rdy_idle_timeout=idle,
             low_rdy_timeout=busy,
@@ -667,3 +668,12 @@ class Dispatcher:
         waiter = self._inbox_waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+
+def _clock_of(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
+    """The loop's clock for the RDY controller, which reads it per message: asyncio's
+    ``loop.time()`` is ``time.monotonic()`` behind a method call, so that is read directly;
+    other loops (uvloop caches its clock) keep their own."""
+    if type(loop).time is asyncio.BaseEventLoop.time:
+        return time.monotonic
+    return loop.time

@@ -302,12 +302,23 @@ async def _carry(task: EagerTask, yielded: Any, done: Done, arg: Any) -> None:
         task._result = await _resume(task, yielded)
     except BaseException as exc:
         task._over(exc)
-        done(arg, exc)
+        _done_outside(task, done, arg, exc)
         if not isinstance(exc, Exception):
             raise  # cancellation, SystemExit, KeyboardInterrupt go on up
         return
     task._over(None)
-    done(arg, None)
+    _done_outside(task, done, arg, None)
+
+
+def _done_outside(task: EagerTask, done: Done, arg: Any, exc: BaseException | None) -> None:
+    """``done(arg, exc)`` outside the carrying Task, as run_eager calls it: a coroutine it
+    starts (an ordered partition's next turn) then finds no task to step out of."""
+    loop, carrier = task._loop, task._carrier
+    _leave_task(loop, carrier)
+    try:
+        done(arg, exc)
+    finally:
+        _enter_task(loop, carrier)
 
 
 @types.coroutine

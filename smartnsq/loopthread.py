@@ -20,6 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
+from smartnsq import loops
 from smartnsq.errors import ClientClosedError, ForkedClientError, NSQTimeoutError
 
 __all__ = ["GRACE", "LoopThread", "call_plain"]
@@ -45,7 +46,7 @@ class LoopThread:
 
     def __init__(self, name: str) -> None:
         self.pid = os.getpid()
-        self.loop = asyncio.new_event_loop()
+        self.loop = loops.new_event_loop()  # uvloop's when installed (smartnsq[uvloop])
         # Reentrant: close() may run in a signal handler that interrupted this same thread.
         self._lock = threading.RLock()
         self._stopping = False

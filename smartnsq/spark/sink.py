@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import WriterCommitMessage
 
+from smartnsq import loops
 from smartnsq.errors import ValidationError
 from smartnsq.producer import Producer, PublishResult
 from smartnsq.spark.options import SinkOptions
@@ -97,7 +98,7 @@ def publish_batches(
     batches: Iterator[pa.RecordBatch], options: SinkOptions, columns: SinkColumns
 ) -> Published:
     """Publish every row of a task (Arrow record batches) and return its commit message."""
-    return asyncio.run(_publish_task(batches, options, columns))
+    return loops.run(_publish_task(batches, options, columns))  # uvloop's when installed
 
 
 async def _publish_task(

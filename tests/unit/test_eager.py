@@ -302,3 +302,16 @@ async def test_run_from_inside_another_task_restores_it() -> None:
     task = _run(handler(), done)  # called from a Task (an ordered turn passed on)
     assert inside == [task]
     assert asyncio.current_task() is outer
+
+
+async def test_done_runs_outside_any_task_also_after_suspending() -> None:
+    """An ordered partition's next turn starts from done(): with no task to step out of, it
+    starts on the fast path (raising out of _enter_task cost about 5 µs per message)."""
+    current: list[object] = []
+
+    async def handler() -> None:
+        await asyncio.sleep(0)
+
+    task = _run(handler(), lambda _arg, _exc: current.append(asyncio.current_task()))
+    await task
+    assert current == [None]

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from smartnsq import loops
+from smartnsq.loopthread import LoopThread
 
 uvloop = pytest.importorskip("uvloop")
 
@@ -61,3 +62,17 @@ def test_run_uses_the_chosen_loop_and_leaves_the_policy_alone(
     assert loops.run(main()) == "uvloop"
     assert asyncio.get_event_loop_policy() is policy
     assert not isinstance(policy, uvloop.EventLoopPolicy)
+
+
+def test_the_blocking_facade_and_the_spark_receiver_run_on_the_chosen_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Their loop thread (smartnsq.loopthread) is a loop smartnsq owns: uvloop's, or
+    asyncio's with SMARTNSQ_UVLOOP=0."""
+    for setting, expected in (("1", "uvloop"), ("0", "asyncio")):
+        monkeypatch.setenv(loops.UVLOOP_ENV, setting)
+        thread = LoopThread(f"test-{expected}")
+        try:
+            assert loops.loop_name(thread.loop) == expected
+        finally:
+            assert thread.stop(5.0)
