@@ -152,10 +152,8 @@ async def test_pipelining_keeps_order(single: Cluster) -> None:
     await conn.close()
 
 
-async def test_a_lone_request_leaves_at_once_with_no_flush_scheduled(single: Cluster) -> None:
-    """A sequential publish on an idle connection costs one write and no loop callback (a
-    loop iteration less per round trip); one queued behind it waits for the flush."""
-    conn = await _open(single.nsqd_addresses[0])
+def _spy_writes(conn: Connection) -> list[int]:
+    """The sizes of the connection's socket writes, from now on."""
     transport = conn._transport
     assert transport is not None
     writes: list[int] = []
@@ -166,6 +164,14 @@ async def test_a_lone_request_leaves_at_once_with_no_flush_scheduled(single: Clu
         write(data)
 
     transport.write = spy  # type: ignore[method-assign]
+    return writes
+
+
+async def test_a_lone_request_leaves_at_once_with_no_flush_scheduled(single: Cluster) -> None:
+    """A sequential publish on an idle connection costs one write and no loop callback (a
+    loop iteration less per round trip); one queued behind it waits for the flush."""
+    conn = await _open(single.nsqd_addresses[0])
+    writes = _spy_writes(conn)
     for _ in range(3):
         future = conn.request_future(c.pub("t", b"x", 0), "PUB")
         assert len(writes) == 1
@@ -186,16 +192,7 @@ async def test_a_burst_of_requests_leaves_in_chunks_of_flush_at(single: Cluster)
     """Writes start before the burst is fully queued (nsqd works while the client encodes);
     the small writes of one loop iteration still leave together."""
     conn = await _open(single.nsqd_addresses[0])
-    transport = conn._transport
-    assert transport is not None
-    writes: list[int] = []
-    write = transport.write
-
-    def spy(data: bytes | bytearray | memoryview) -> None:
-        writes.append(len(data))
-        write(data)
-
-    transport.write = spy  # type: ignore[method-assign]
+    writes = _spy_writes(conn)
     frame = c.pub("t", b"x" * 100, 0)
     futures = [conn.request_future(frame, "PUB") for _ in range(100)]
     queued = len(writes)  # written before this coroutine yielded once

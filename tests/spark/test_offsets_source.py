@@ -18,8 +18,7 @@ import smartnsq.sync
 from smartnsq.admin import Admin
 from tests.integration.threaded_cluster import ThreadedCluster
 from tests.spark.conftest import Subscription
-
-WAIT = 120.0
+from tests.spark.waiting import WAIT, committed_batches, wait_until
 
 
 def _publish(
@@ -36,22 +35,6 @@ def _publish(
 
 def _bodies(prefix: str, count: int) -> list[bytes]:
     return [f"{prefix}-{i}".encode() for i in range(count)]
-
-
-def _wait(condition: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
-def _committed_batches(output: Path) -> int:
-    """Micro-batches the file sink has committed (its metadata log: one file per batch)."""
-    log = output / "_spark_metadata"
-    if not log.exists():
-        return 0
-    return sum(1 for p in log.iterdir() if p.name.isdigit())
 
 
 def _source(spark: Any, cluster: ThreadedCluster, topic: str, **options: Any) -> Any:
@@ -107,7 +90,7 @@ def test_stream_stopped_and_restarted_gives_every_body_exactly_once(
 
     query = start({"processingTime": "0 seconds"})
     try:
-        _wait(lambda: _committed_batches(output) >= 2, "two micro-batches")
+        wait_until(lambda: committed_batches(output) >= 2, "two micro-batches")
     finally:
         query.stop()
     later = _bodies("b", 1000)
@@ -233,7 +216,7 @@ def test_starting_timestamp(spark: Any, youzan: ThreadedCluster) -> None:
     _publish(youzan, "events", _bodies("old", 100))
     # nsqd finds timestamps to the second: the new messages start in a later second.
     second = int(time.time()) + 1
-    _wait(lambda: time.time() >= second, "the next second", 2.0)
+    wait_until(lambda: time.time() >= second, "the next second", 2.0)
     newer = _bodies("new", 100)
     _publish(youzan, "events", newer)
     query = (
@@ -273,7 +256,7 @@ def test_ordered_topic_keeps_each_partition_in_queue_order(
 
     query = start({"processingTime": "0 seconds"})
     try:
-        _wait(lambda: len(batches) >= 2, "two micro-batches")
+        wait_until(lambda: len(batches) >= 2, "two micro-batches")
     finally:
         query.stop()
     query = start({"availableNow": True})

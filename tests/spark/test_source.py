@@ -7,9 +7,7 @@ default on youzan, is test_offsets_source.py's."""
 from __future__ import annotations
 
 import re
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +15,7 @@ import pytest
 
 import smartnsq.sync
 from tests.integration.threaded_cluster import ThreadedCluster
-
-WAIT = 120.0
+from tests.spark.waiting import WAIT, committed_batches, wait_until
 
 
 def _publish(cluster: ThreadedCluster, topic: str, count: int, **routing: Any) -> list[bytes]:
@@ -32,22 +29,6 @@ def _publish(cluster: ThreadedCluster, topic: str, count: int, **routing: Any) -
             else:
                 producer.publish_many(topic, chunk)
     return bodies
-
-
-def _wait(condition: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
-def _committed_batches(output: Path) -> int:
-    """Micro-batches the file sink has committed (its metadata log: one file per batch)."""
-    log = output / "_spark_metadata"
-    if not log.exists():
-        return 0
-    return sum(1 for p in log.iterdir() if p.name.isdigit())
 
 
 def _reader(spark: Any, cluster: ThreadedCluster, topic: str, channel: str, **options: Any) -> Any:
@@ -81,7 +62,7 @@ def test_restart_from_checkpoint_loses_nothing(
 
     first = start({"processingTime": "0 seconds"})
     try:
-        _wait(lambda: _committed_batches(output) >= 2, "two micro-batches")
+        wait_until(lambda: committed_batches(output) >= 2, "two micro-batches")
     finally:
         first.stop()
     # The source's process is gone: nsqd took back what it held (the last batches).
@@ -132,7 +113,7 @@ def test_ordered_topic_keeps_queue_order_across_batches_and_restarts(
 
     first = start({"processingTime": "0 seconds"})
     try:
-        _wait(lambda: len(batches) >= 2, "two micro-batches")
+        wait_until(lambda: len(batches) >= 2, "two micro-batches")
     finally:
         first.stop()
     second = start({"availableNow": True})
