@@ -416,7 +416,10 @@ class ClientSession(asyncio.BufferedProtocol):
     # written, one write per frame, with whatever message frames were buffered before it.
     # Message frames are buffered: written once output_buffer_size bytes wait, at once when
     # the client is not ready for more (in flight >= RDY), else at the next tick of the
-    # output_buffer_timeout ticker (never, with the timeout disabled).
+    # output_buffer_timeout ticker (never, with the timeout disabled). youzan flushes every
+    # message frame of an ordered channel as it is written (nsqdserver/protocol_v2.go
+    # messagePump: SendMessage's needFlush is the channel's IsOrdered): an ordered channel has
+    # one message in flight, so waiting for the ticker would hold each one that long.
 
     def _write(self, frame: bytes) -> None:
         """A response or error frame: written now (nsqd flushes every non-message frame)."""
@@ -1268,8 +1271,13 @@ class ClientSession(asyncio.BufferedProtocol):
     def _buffered(self, size: int) -> None:
         """``size`` bytes of message frames were buffered: flush as nsqd's pump would."""
         self._out_size += size
-        if self._out_size >= self.output_buffer_size or self.in_flight >= self.rdy:
-            self._flush()  # the buffer is full, or the client is not ready for more
+        channel = self.channel
+        if (
+            self._out_size >= self.output_buffer_size
+            or self.in_flight >= self.rdy
+            or (channel is not None and channel.ordered)
+        ):
+            self._flush()  # the buffer is full, the client is not ready, or ordered delivery
         elif self._ticker is None and self.output_buffer_timeout > 0:
             period = self.output_buffer_timeout / 1000
             phase = (self._loop.time() - self._ticker_origin) % period

@@ -121,3 +121,29 @@ async def test_messages_leave_once_the_output_buffer_is_full(classic: Cluster) -
     assert b"".join(writes).count(b"x" * 100) == 1
     assert b"".join(writes).count(b"y" * 100) == 1
     await client.close()
+
+
+async def test_youzan_writes_each_ordered_message_at_once() -> None:
+    """youzan's messagePump flushes every message frame of an ordered channel (needFlush is
+    IsOrdered): with RDY 10 and a 1 s ticker, each message still leaves as it is sent, and
+    the next one follows its FIN at once (the ticker would hold each for up to 1 s)."""
+    async with Cluster(nodes=1) as cluster:
+        await cluster.create_topic("o", 1, 1, ordered=True, channels=["c"])
+        consumer = await RawClient.identified(cluster.nsqd_addresses[0], output_buffer_timeout=1000)
+        await consumer.ok(commands.sub_ordered("o", "c", 0))
+        session = _session(cluster, subscribed=True)
+        consumer.send(commands.rdy(10))
+        await cluster.wait_for(lambda: session.rdy == 10)
+        writes = _spy(session)
+        publisher = await RawClient.identified(cluster.nsqd_addresses[0])
+        for body in (b"first", b"second"):
+            await publisher.ok(commands.pub("o", body, 0))
+        layout = MessageLayout.youzan(detail=True)
+        first = await consumer.message(layout, timeout=0.5)
+        assert first.body == b"first"
+        assert len(writes) == 1  # flushed with no tick
+        consumer.send(commands.fin(first.id))
+        assert (await consumer.message(layout, timeout=0.5)).body == b"second"
+        assert len(writes) == 2
+        for client in (publisher, consumer):
+            await client.close()

@@ -18,7 +18,7 @@ import smartnsq.sync
 from smartnsq.admin import Admin
 from tests.integration.threaded_cluster import ThreadedCluster
 from tests.spark.conftest import Subscription
-from tests.spark.waiting import WAIT, committed_batches, wait_until
+from tests.spark.waiting import committed_batches, finish, wait_until
 
 
 def _publish(
@@ -97,9 +97,7 @@ def test_stream_stopped_and_restarted_gives_every_body_exactly_once(
     _publish(youzan, "events", later)
 
     query = start({"availableNow": True})
-    query.awaitTermination(WAIT)
-    assert not query.isActive
-    assert query.exception() is None
+    finish(query)
 
     seen = Counter(row.body for row in spark.read.parquet(str(output)).select("body").collect())
     missing = set(first + later) - set(seen)
@@ -134,8 +132,7 @@ def test_a_micro_batch_run_again_reads_the_same_rows(
             .trigger(availableNow=True)
             .start()
         )
-        query.awaitTermination(WAIT)
-        assert query.exception() is None
+        finish(query)
 
     run()
     last = max(batches)
@@ -226,8 +223,7 @@ def test_starting_timestamp(spark: Any, youzan: ThreadedCluster) -> None:
         .trigger(availableNow=True)
         .start()
     )
-    query.awaitTermination(WAIT)
-    assert query.exception() is None
+    finish(query)
     rows = spark.table("from_timestamp").collect()
     assert sorted(r.body for r in rows) == sorted(newer)
 
@@ -260,8 +256,7 @@ def test_ordered_topic_keeps_each_partition_in_queue_order(
     finally:
         query.stop()
     query = start({"availableNow": True})
-    query.awaitTermination(WAIT)
-    assert query.exception() is None
+    finish(query)
 
     rows = [row for batch_id in sorted(batches) for row in batches[batch_id]]
     assert sorted(body for _, _, body in rows) == sorted(bodies)

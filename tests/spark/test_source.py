@@ -15,7 +15,7 @@ import pytest
 
 import smartnsq.sync
 from tests.integration.threaded_cluster import ThreadedCluster
-from tests.spark.waiting import WAIT, committed_batches, wait_until
+from tests.spark.waiting import WAIT, committed_batches, finish, wait_until
 
 
 def _publish(cluster: ThreadedCluster, topic: str, count: int, **routing: Any) -> list[bytes]:
@@ -70,8 +70,7 @@ def test_restart_from_checkpoint_loses_nothing(
     assert youzan.call(lambda: youzan.cluster.unfinished("events", "spark")) < len(bodies)
 
     second = start({"availableNow": True})
-    second.awaitTermination(WAIT)
-    assert not second.isActive
+    finish(second)
 
     seen = Counter(row.body for row in spark.read.parquet(str(output)).select("body").collect())
     missing = set(bodies) - set(seen)
@@ -117,7 +116,7 @@ def test_ordered_topic_keeps_queue_order_across_batches_and_restarts(
     finally:
         first.stop()
     second = start({"availableNow": True})
-    second.awaitTermination(WAIT)
+    finish(second)
 
     rows = [row for batch_id in sorted(batches) for row in batches[batch_id]]
     # The journal replays exactly what Spark had not committed, and a message nsqd delivers
@@ -153,7 +152,7 @@ def test_classic_nsqd_both_directions(spark: Any, classic: ThreadedCluster) -> N
         .trigger(availableNow=True)
         .start()
     )
-    query.awaitTermination(WAIT)
+    finish(query)
     rows = spark.table("classic_events").collect()
     assert sorted(r.body for r in rows) == sorted(f"c{i}".encode() for i in range(3, 300))
     for row in rows:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 WAIT = 120.0
 
@@ -25,3 +26,18 @@ def committed_batches(output: Path) -> int:
     if not log.exists():
         return 0
     return sum(1 for p in log.iterdir() if p.name.isdigit())
+
+
+def finish(query: Any, timeout: float = WAIT) -> None:
+    """Wait for a query that ends by itself (``availableNow``) and check it ended well. One
+    still running after ``timeout`` is stopped before the test fails: left running, it would
+    keep the executors busy and fail the tests after it."""
+    try:
+        ended = query.awaitTermination(timeout)
+    finally:
+        if query.isActive:
+            query.stop()
+    if not ended:
+        raise AssertionError(f"the query was still running after {timeout:.0f} s")
+    if query.exception() is not None:
+        raise AssertionError(f"the query failed: {query.exception()}")
