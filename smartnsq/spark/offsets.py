@@ -117,24 +117,29 @@ def _partition_offsets(name: str, value: Any, topic: str, *, special: bool) -> O
     return offsets
 
 
+def _shares(limit: int, weights: Mapping[int, float]) -> dict[int, int]:
+    """``limit`` spread over the partitions in proportion to ``weights`` (all positive), as
+    Kafka spreads it: a share under 1 rounds up (every partition moves), others round down."""
+    total = sum(weights.values())
+    shares = {}
+    for partition, weight in weights.items():
+        share = limit * (weight / total)
+        shares[partition] = math.ceil(share) if share < 1 else math.floor(share)
+    return shares
+
+
 def rate_limit(limit: int, start: Mapping[int, int], end: Mapping[int, int]) -> Offsets:
     """Kafka's cap: at most about ``limit`` offsets past ``start`` over all partitions,
     spread in proportion to what each has between ``start`` and ``end``."""
     sizes = {p: end[p] - start.get(p, end[p]) for p in end}
     available = {p: size for p, size in sizes.items() if size > 0}
-    total = sum(available.values())
-    if total < 1:
+    if not available:
         return dict(end)
-    capped: Offsets = {}
-    for partition, last in end.items():
-        size = available.get(partition)
-        if size is None:
-            capped[partition] = last
-            continue
-        share = limit * (size / total)
-        step = math.ceil(share) if share < 1 else math.floor(share)
-        capped[partition] = min(last, start[partition] + step)
-    return capped
+    steps = _shares(limit, available)
+    return {
+        partition: min(last, start[partition] + steps[partition]) if partition in steps else last
+        for partition, last in end.items()
+    }
 
 
 def cap_messages(
@@ -152,17 +157,14 @@ def cap_messages(
         first = start.get(partition, last)
         if size is not None and size > 0 and last > first:
             counts[partition] = (last - first) / size
-    total = sum(counts.values())
-    if total <= 0:
+    if not counts:
         return dict(end)
+    messages = _shares(limit, counts)
     capped: Offsets = {}
     for partition, last in end.items():
-        count = counts.get(partition)
-        if count is None:
+        if partition not in messages:
             capped[partition] = last
             continue
-        share = limit * (count / total)
-        messages = math.ceil(share) if share < 1 else math.floor(share)
-        step = max(1, math.ceil(messages * message_sizes[partition]))
+        step = max(1, math.ceil(messages[partition] * message_sizes[partition]))
         capped[partition] = min(last, start[partition] + step)
     return capped

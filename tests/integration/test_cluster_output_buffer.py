@@ -14,23 +14,9 @@ from smartnsq.protocol.message import MessageLayout
 from smartnsq.testing import Cluster
 from smartnsq.testing.nsqd import ClientSession
 from tests.integration.rawclient import RawClient
+from tests.integration.spy import spy_writes
 
 OK_FRAME = encode_frame(FRAME_TYPE_RESPONSE, b"OK")
-
-
-def _spy(session: ClientSession) -> list[bytes]:
-    """Every write of ``session`` to its socket, from now on."""
-    transport = session.transport
-    assert transport is not None
-    writes: list[bytes] = []
-    write = transport.write
-
-    def spy(data: bytes | bytearray | memoryview) -> None:
-        writes.append(bytes(data))
-        write(data)
-
-    transport.write = spy  # type: ignore[method-assign]
-    return writes
 
 
 def _session(cluster: Cluster, *, subscribed: bool = False) -> ClientSession:
@@ -51,7 +37,7 @@ async def test_each_response_is_its_own_write(classic: Cluster) -> None:
     """Three PUBs in one read: three writes of one OK each (not one write of three)."""
     client = await RawClient.identified(classic.nsqd_addresses[0])
     session = _session(classic)
-    writes = _spy(session)
+    writes = spy_writes(session.transport)
     client.send(b"".join(commands.pub("t", f"m{i}".encode()) for i in range(3)))
     for _ in range(3):
         assert await client.frame() == Frame(FRAME_TYPE_RESPONSE, b"OK")
@@ -61,7 +47,7 @@ async def test_each_response_is_its_own_write(classic: Cluster) -> None:
 
 async def test_an_error_is_flushed_at_once_too(classic: Cluster) -> None:
     client = await RawClient.identified(classic.nsqd_addresses[0])
-    writes = _spy(_session(classic))
+    writes = spy_writes(_session(classic).transport)
     client.send(commands.pub("t", b"a") + commands.fin(b"0" * 16) + commands.pub("t", b"b"))
     assert (await client.frame()).data == b"OK"
     assert (await client.frame()).data.startswith(b"E_INVALID")
@@ -86,7 +72,7 @@ async def test_a_message_waits_for_the_output_buffer_ticker_while_the_client_is_
     loop = asyncio.get_running_loop()
     started = loop.time()
     client, session = await _subscribed(classic, 10, output_buffer_timeout=1000)
-    writes = _spy(session)
+    writes = spy_writes(session.transport)
     await _publish(classic, b"hello")
     await classic.wait_for(lambda: session.in_flight == 1)
     assert writes == []  # buffered: the client may take 9 more
@@ -101,7 +87,7 @@ async def test_a_message_leaves_at_once_when_the_client_is_not_ready_for_more(
     classic: Cluster,
 ) -> None:
     client, session = await _subscribed(classic, 1, output_buffer_timeout=1000)
-    writes = _spy(session)
+    writes = spy_writes(session.transport)
     await _publish(classic, b"hello")
     await classic.wait_for(lambda: session.in_flight == 1)
     assert len(writes) == 1  # in flight == RDY: flushed with no tick
@@ -114,7 +100,7 @@ async def test_messages_leave_once_the_output_buffer_is_full(classic: Cluster) -
     client, session = await _subscribed(
         classic, 10, output_buffer_size=64, output_buffer_timeout=1000
     )
-    writes = _spy(session)
+    writes = spy_writes(session.transport)
     await _publish(classic, b"x" * 100, b"y" * 100)
     await classic.wait_for(lambda: session.in_flight == 2)
     assert len(writes) >= 1
@@ -134,7 +120,7 @@ async def test_youzan_writes_each_ordered_message_at_once() -> None:
         session = _session(cluster, subscribed=True)
         consumer.send(commands.rdy(10))
         await cluster.wait_for(lambda: session.rdy == 10)
-        writes = _spy(session)
+        writes = spy_writes(session.transport)
         publisher = await RawClient.identified(cluster.nsqd_addresses[0])
         for body in (b"first", b"second"):
             await publisher.ok(commands.pub("o", body, 0))

@@ -17,6 +17,7 @@ from smartnsq.protocol.responses import CLOSE_WAIT, OK
 from smartnsq.testing import Cluster
 from smartnsq.testing.tls import self_signed_contexts
 from smartnsq.transport.connection import FLUSH_AT, Connection, ConnectionConfig
+from tests.integration.spy import spy_writes
 
 
 async def _open(address: str, **config: object) -> Connection:
@@ -152,26 +153,11 @@ async def test_pipelining_keeps_order(single: Cluster) -> None:
     await conn.close()
 
 
-def _spy_writes(conn: Connection) -> list[int]:
-    """The sizes of the connection's socket writes, from now on."""
-    transport = conn._transport
-    assert transport is not None
-    writes: list[int] = []
-    write = transport.write
-
-    def spy(data: bytes | bytearray | memoryview) -> None:
-        writes.append(len(data))
-        write(data)
-
-    transport.write = spy  # type: ignore[method-assign]
-    return writes
-
-
 async def test_a_lone_request_leaves_at_once_with_no_flush_scheduled(single: Cluster) -> None:
     """A sequential publish on an idle connection costs one write and no loop callback (a
     loop iteration less per round trip); one queued behind it waits for the flush."""
     conn = await _open(single.nsqd_addresses[0])
-    writes = _spy_writes(conn)
+    writes = spy_writes(conn._transport)
     for _ in range(3):
         future = conn.request_future(c.pub("t", b"x", 0), "PUB")
         assert len(writes) == 1
@@ -192,16 +178,16 @@ async def test_a_burst_of_requests_leaves_in_chunks_of_flush_at(single: Cluster)
     """Writes start before the burst is fully queued (nsqd works while the client encodes);
     the small writes of one loop iteration still leave together."""
     conn = await _open(single.nsqd_addresses[0])
-    writes = _spy_writes(conn)
+    writes = spy_writes(conn._transport)
     frame = c.pub("t", b"x" * 100, 0)
     futures = [conn.request_future(frame, "PUB") for _ in range(100)]
     queued = len(writes)  # written before this coroutine yielded once
     assert await asyncio.gather(*futures) == [OK] * 100
     # the first request leaves at once (the connection was idle), then every FLUSH_AT bytes
-    assert writes[0] == len(frame)
+    assert len(writes[0]) == len(frame)
     assert queued == 1 + 99 * len(frame) // FLUSH_AT
-    assert all(size >= FLUSH_AT for size in writes[1:queued])
-    assert sum(writes) == 100 * len(frame)
+    assert all(len(write) >= FLUSH_AT for write in writes[1:queued])
+    assert sum(map(len, writes)) == 100 * len(frame)
     before = len(writes)
     small = [conn.request_future(c.pub("t", b"y", 0), "PUB") for _ in range(10)]
     assert len(writes) == before + 1  # the first at once, the other nine wait
