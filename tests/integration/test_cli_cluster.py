@@ -153,9 +153,10 @@ async def test_classic_cluster_stops_on_ctrl_c(spawn: Spawn) -> None:
     assert "Traceback" not in err
 
 
-async def test_bad_topic_spec_is_a_one_line_usage_error() -> None:
+async def _cli_exits(*args: str) -> tuple[int | None, bytes, bytes]:
+    """``smartnsq cluster ARGS`` run to its end (killed after TIMEOUT): rc, stdout, stderr."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "smartnsq", "cluster", "--topic", "orders:x:2",
+        sys.executable, "-m", "smartnsq", "cluster", *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -164,7 +165,12 @@ async def test_bad_topic_spec_is_a_one_line_usage_error() -> None:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-    assert proc.returncode == 2
+    return proc.returncode, out, err
+
+
+async def test_bad_topic_spec_is_a_one_line_usage_error() -> None:
+    returncode, out, err = await _cli_exits("--topic", "orders:x:2")
+    assert returncode == 2
     assert out == b""
     lines = err.decode().splitlines()
     assert lines == [
@@ -180,20 +186,10 @@ async def test_a_busy_port_is_a_failure_naming_the_port() -> None:
     busy.listen()
     port = busy.getsockname()[1]
     try:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "smartnsq", "cluster", "--nodes", "1",
-            "--lookupd-port", str(port),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+        returncode, out, err = await _cli_exits("--nodes", "1", "--lookupd-port", str(port))
     finally:
         busy.close()
-    assert proc.returncode == 1
+    assert returncode == 1
     assert out == b""
     lines = err.decode().splitlines()
     assert len(lines) == 1
