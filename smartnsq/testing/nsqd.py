@@ -106,6 +106,7 @@ _READ_SIZE = 64 * 1024
 _OK_FRAME = encode_response(OK)  # the answer to nearly every PUB
 _BAD_PROTOCOL_FRAME = encode_error(b"E_BAD_PROTOCOL")  # a literal: no description, no space
 MAX_OUTPUT_BUFFER_SIZE = 64 * 1024
+CONSUMER_OUTPUT_BUFFER_SIZE = 4 * 1024  # youzan defaultConsumerWriteBufferSize
 ZAN_TEST_KEY = "zan_test"
 # The head of a message frame: size, frame type, timestamp, attempts.
 _pack_plain_head = struct.Struct(">iiqH").pack
@@ -325,6 +326,7 @@ class ClientSession(asyncio.BufferedProtocol):
         # nsqd's defaults before IDENTIFY: youzan 100 B / 50 ms, classic 16 KiB / 250 ms
         self.output_buffer_size = 100 if youzan else 16 * 1024
         self.output_buffer_timeout = 50 if youzan else 250
+        self._buffer_size_chosen = False  # the client set output_buffer_size in IDENTIFY
         self.client_id = ""
         self.hostname = ""
         self.user_agent = ""
@@ -633,6 +635,7 @@ class ClientSession(asyncio.BufferedProtocol):
                 self.extend_support = True  # never switched off again
 
     def _set_output_buffer_size(self, size: int, *, clamp: bool) -> None:
+        self._buffer_size_chosen = size != 0
         if size == -1:
             self.output_buffer_size = 1
         elif 64 <= size <= MAX_OUTPUT_BUFFER_SIZE or (clamp and size > MAX_OUTPUT_BUFFER_SIZE):
@@ -794,6 +797,16 @@ class ClientSession(asyncio.BufferedProtocol):
             channel.make_ordered()
         return self._join(channel, detail=kind != "SUB", ext=topic.ext)
 
+    def _switch_to_consumer(self, channel: Channel) -> None:
+        """youzan's ClientV2.SwitchToConsumer: its 100 B default suits producers; on SUB to
+        a durable channel a client that chose no output_buffer_size, without TLS or
+        compression, gets 4 KiB (so consumed messages wait for 4 KiB or the ticker)."""
+        if channel.name.endswith("#ephemeral") or self._buffer_size_chosen:
+            return
+        if self.tls or self._codec is not None:
+            return
+        self.output_buffer_size = min(CONSUMER_OUTPUT_BUFFER_SIZE, MAX_OUTPUT_BUFFER_SIZE)
+
     def _apply_start(self, channel: Channel, start: ConsumeOffset) -> None:
         """internalSUB's SetChannelOffset (the same search as ``/channel/setoffset``), for
         the channel's first client only; nsqd refuses a position it cannot place with a fatal
@@ -807,6 +820,8 @@ class ClientSession(asyncio.BufferedProtocol):
         seek_channel(channel, index, reorder=False)
 
     def _join(self, channel: Channel, *, detail: bool, ext: bool) -> bytes:
+        if self.settings.youzan:
+            self._switch_to_consumer(channel)
         self.channel = channel
         self.detail = detail
         self.ext_block = ext and self.extend_support

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from smartnsq.protocol import commands
 from smartnsq.protocol.frames import FRAME_TYPE_RESPONSE, Frame, encode_frame
 from smartnsq.protocol.message import MessageLayout
@@ -131,5 +133,42 @@ async def test_youzan_writes_each_ordered_message_at_once() -> None:
         consumer.send(commands.fin(first.id))
         assert (await consumer.message(layout, timeout=0.5)).body == b"second"
         assert len(writes) == 2
+        for client in (publisher, consumer):
+            await client.close()
+
+
+@pytest.mark.parametrize(
+    ("channel", "identify", "buffered"),
+    [
+        ("c", {}, True),  # SwitchToConsumer: 4 KiB, so a 200-byte message waits for the tick
+        ("c#ephemeral", {}, False),  # an ephemeral channel keeps 100 B
+        ("c", {"output_buffer_size": 128}, False),  # the client's own size is kept
+    ],
+    ids=["durable", "ephemeral", "chosen-size"],
+)
+async def test_youzan_gives_a_consumer_a_larger_buffer_on_sub(
+    channel: str, identify: dict[str, object], buffered: bool
+) -> None:
+    """youzan's 100 B default write buffer suits producers; SUB to a durable channel raises
+    it to 4 KiB unless the client chose a size (or TLS or compression is on)."""
+    async with Cluster(nodes=1) as cluster:
+        await cluster.create_topic("y", 1, 1, channels=[channel])
+        consumer = await RawClient.identified(
+            cluster.nsqd_addresses[0], output_buffer_timeout=1000, **identify
+        )
+        await consumer.ok(commands.sub("y", channel, 0))
+        session = _session(cluster, subscribed=True)
+        assert session.output_buffer_size == (
+            4096 if buffered else identify.get("output_buffer_size", 100)
+        )
+        consumer.send(commands.rdy(10))
+        await cluster.wait_for(lambda: session.rdy == 10)
+        writes = spy_writes(session.transport)
+        publisher = await RawClient.identified(cluster.nsqd_addresses[0])
+        await publisher.ok(commands.pub("y", b"x" * 200, 0))
+        await cluster.wait_for(lambda: session.in_flight == 1)
+        assert (writes == []) is buffered
+        message = await consumer.message(MessageLayout.youzan(), timeout=2)
+        assert message.body == b"x" * 200
         for client in (publisher, consumer):
             await client.close()
