@@ -18,7 +18,13 @@ import smartnsq.sync
 from smartnsq.admin import Admin
 from tests.integration.threaded_cluster import ThreadedCluster
 from tests.spark.conftest import Subscription
-from tests.spark.waiting import committed_batches, finish, wait_until
+from tests.spark.waiting import (
+    assert_every_body_once_in_queue_order,
+    committed_batches,
+    finish,
+    rows_across_a_restart,
+    wait_until,
+)
 
 
 def _publish(
@@ -237,30 +243,10 @@ def test_ordered_topic_keeps_each_partition_in_queue_order(
         for start in range(0, len(bodies), 100):
             partition = (start // 100) % 4
             producer.publish_many("ledger", bodies[start : start + 100], partition=partition)
-    batches: dict[int, list[tuple[int, int, bytes]]] = {}
-
-    def collect(frame: Any, batch_id: int) -> None:
-        rows = frame.select("partition", "queue_offset", "body").collect()
-        batches[batch_id] = [(r.partition, r.queue_offset, r.body) for r in rows]
-
-    def start(trigger: dict[str, Any]) -> Any:
-        stream = _source(
+    rows = rows_across_a_restart(
+        lambda: _source(
             spark, youzan, "ledger", startingOffsets="earliest", maxMessagesPerTrigger=300
-        )
-        writer = stream.writeStream.foreachBatch(collect)
-        return writer.option("checkpointLocation", str(tmp_path / "cp")).trigger(**trigger).start()
-
-    query = start({"processingTime": "0 seconds"})
-    try:
-        wait_until(lambda: len(batches) >= 2, "two micro-batches")
-    finally:
-        query.stop()
-    query = start({"availableNow": True})
-    finish(query)
-
-    rows = [row for batch_id in sorted(batches) for row in batches[batch_id]]
-    assert sorted(body for _, _, body in rows) == sorted(bodies)
-    for partition in range(4):
-        offsets = [offset for p, offset, _ in rows if p == partition]
-        assert offsets == sorted(offsets), f"partition {partition} out of queue order"
-        assert len(offsets) == len(set(offsets))
+        ),
+        tmp_path / "cp",
+    )
+    assert_every_body_once_in_queue_order(rows, bodies, partitions=4)

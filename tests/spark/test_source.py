@@ -15,7 +15,14 @@ import pytest
 
 import smartnsq.sync
 from tests.integration.threaded_cluster import ThreadedCluster
-from tests.spark.waiting import WAIT, committed_batches, finish, wait_until
+from tests.spark.waiting import (
+    WAIT,
+    assert_every_body_once_in_queue_order,
+    committed_batches,
+    finish,
+    rows_across_a_restart,
+    wait_until,
+)
 
 
 def _publish(cluster: ThreadedCluster, topic: str, count: int, **routing: Any) -> list[bytes]:
@@ -89,16 +96,8 @@ def test_ordered_topic_keeps_queue_order_across_batches_and_restarts(
 ) -> None:
     youzan.run(youzan.cluster.create_topic("ledger", 4, 1, ordered=True, channels=["spark"]))
     bodies = _publish(youzan, "ledger", 2000, partitions=4)
-    batches: dict[int, list[tuple[int, int, bytes]]] = {}
-
-    def collect(frame: Any, batch_id: int) -> None:
-        rows = frame.select("partition", "queue_offset", "body").collect()
-        batches[batch_id] = [
-            (r.partition, r.queue_offset, r.body) for r in rows
-        ]  # replays overwrite
-
-    def start(trigger: dict[str, Any]) -> Any:
-        stream = _reader(
+    rows = rows_across_a_restart(
+        lambda: _reader(
             spark,
             youzan,
             "ledger",
@@ -106,26 +105,12 @@ def test_ordered_topic_keeps_queue_order_across_batches_and_restarts(
             ordered="true",
             journal=tmp_path / "journal",
             maxMessagesPerTrigger=300,
-        )
-        writer = stream.writeStream.foreachBatch(collect)
-        return writer.option("checkpointLocation", str(tmp_path / "cp")).trigger(**trigger).start()
-
-    first = start({"processingTime": "0 seconds"})
-    try:
-        wait_until(lambda: len(batches) >= 2, "two micro-batches")
-    finally:
-        first.stop()
-    second = start({"availableNow": True})
-    finish(second)
-
-    rows = [row for batch_id in sorted(batches) for row in batches[batch_id]]
+        ),
+        tmp_path / "cp",
+    )
     # The journal replays exactly what Spark had not committed, and a message nsqd delivers
     # again because its FIN was lost with the first run is recognised: no loss, no duplicate.
-    assert sorted(body for _, _, body in rows) == sorted(bodies)
-    for partition in range(4):
-        offsets = [offset for p, offset, _ in rows if p == partition]
-        assert offsets == sorted(offsets), f"partition {partition} out of queue order"
-        assert len(offsets) == len(set(offsets))
+    assert_every_body_once_in_queue_order(rows, bodies, partitions=4)
     # Journal mode finishes each message once it is journaled: nothing left on nsqd.
     youzan.wait_for(lambda: youzan.cluster.unfinished("ledger", "spark") == 0, WAIT)
 

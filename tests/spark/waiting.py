@@ -41,3 +41,39 @@ def finish(query: Any, timeout: float = WAIT) -> None:
         raise AssertionError(f"the query was still running after {timeout:.0f} s")
     if query.exception() is not None:
         raise AssertionError(f"the query failed: {query.exception()}")
+
+
+def rows_across_a_restart(
+    make_stream: Callable[[], Any], checkpoint: Path
+) -> list[tuple[int, int, bytes]]:
+    """(partition, queue_offset, body) of every row a query's micro-batches saw, in batch
+    order: the query runs until two micro-batches ran, is stopped, then runs again from its
+    checkpoint until nothing is left (a batch Spark runs again replaces its first run)."""
+    batches: dict[int, list[tuple[int, int, bytes]]] = {}
+
+    def collect(frame: Any, batch_id: int) -> None:
+        rows = frame.select("partition", "queue_offset", "body").collect()
+        batches[batch_id] = [(r.partition, r.queue_offset, r.body) for r in rows]
+
+    def start(trigger: dict[str, Any]) -> Any:
+        writer = make_stream().writeStream.foreachBatch(collect)
+        return writer.option("checkpointLocation", str(checkpoint)).trigger(**trigger).start()
+
+    query = start({"processingTime": "0 seconds"})
+    try:
+        wait_until(lambda: len(batches) >= 2, "two micro-batches")
+    finally:
+        query.stop()
+    finish(start({"availableNow": True}))
+    return [row for batch_id in sorted(batches) for row in batches[batch_id]]
+
+
+def assert_every_body_once_in_queue_order(
+    rows: list[tuple[int, int, bytes]], bodies: list[bytes], partitions: int
+) -> None:
+    """Every body exactly once, and each partition's rows in queue order."""
+    assert sorted(body for _, _, body in rows) == sorted(bodies)
+    for partition in range(partitions):
+        offsets = [offset for p, offset, _ in rows if p == partition]
+        assert offsets == sorted(offsets), f"partition {partition} out of queue order"
+        assert len(offsets) == len(set(offsets))
