@@ -21,6 +21,8 @@ from smartnsq.protocol.commands import StartPosition
 from smartnsq.retry import Backoff
 from smartnsq.testing import Cluster
 
+FAST = Backoff(initial=0.01, maximum=0.05)
+
 
 async def test_start_position_on_a_node_leading_two_partitions() -> None:
     async with Cluster(nodes=1) as cluster:
@@ -36,14 +38,11 @@ async def test_start_position_on_a_node_leading_two_partitions() -> None:
             handler=seen.append,
             max_in_flight=10,
             start=StartPosition.message_count(0),
-            reconnect_backoff=Backoff(initial=0.01, maximum=0.05),
+            reconnect_backoff=FAST,
         )
         async with consumer:
             await cluster.wait_for(lambda: len(seen) == 2, timeout=1)
         assert sorted(m.body for m in seen) == [b"p0", b"p1"]
-
-
-FAST = Backoff(initial=0.01, maximum=0.05)
 
 
 async def _publish(cluster: Cluster, bodies: list[bytes], partition: int = 0) -> None:

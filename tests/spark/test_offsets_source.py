@@ -43,20 +43,20 @@ def _bodies(prefix: str, count: int) -> list[bytes]:
     return [f"{prefix}-{i}".encode() for i in range(count)]
 
 
-def _source(spark: Any, cluster: ThreadedCluster, topic: str, **options: Any) -> Any:
-    reader = spark.readStream.format("nsq").option("lookupd", cluster.lookupd_url)
+def _load(reader: Any, cluster: ThreadedCluster, topic: str, options: dict[str, Any]) -> Any:
+    reader = reader.format("nsq").option("lookupd", cluster.lookupd_url)
     reader = reader.option("topic", topic).option("channel", "spark")
     for name, value in options.items():
         reader = reader.option(name, str(value))
     return reader.load()
+
+
+def _source(spark: Any, cluster: ThreadedCluster, topic: str, **options: Any) -> Any:
+    return _load(spark.readStream, cluster, topic, options)
 
 
 def _batch(spark: Any, cluster: ThreadedCluster, topic: str, **options: Any) -> Any:
-    reader = spark.read.format("nsq").option("lookupd", cluster.lookupd_url)
-    reader = reader.option("topic", topic).option("channel", "spark")
-    for name, value in options.items():
-        reader = reader.option(name, str(value))
-    return reader.load()
+    return _load(spark.read, cluster, topic, options)
 
 
 def _offsets(cluster: ThreadedCluster, topic: str) -> Any:
