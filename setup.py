@@ -1,5 +1,5 @@
 """Builds smartnsq's compiled hot path (``smartnsq/protocol/_speedups.pyx``,
-``smartnsq/_eager_speedups.pyx``) where it can.
+``smartnsq/consumer/_eager_speedups.pyx``) where it can.
 
 Everything else is in pyproject.toml. Without a C compiler (or with ``SMARTNSQ_PURE_BUILD=1``)
 the extension is skipped with a warning and the install goes on: the pure-Python modules are
@@ -16,7 +16,7 @@ from setuptools.command.build_ext import build_ext
 
 SPEEDUPS = [
     Extension("smartnsq.protocol._speedups", ["smartnsq/protocol/_speedups.pyx"]),
-    Extension("smartnsq._eager_speedups", ["smartnsq/_eager_speedups.pyx"]),
+    Extension("smartnsq.consumer._eager_speedups", ["smartnsq/consumer/_eager_speedups.pyx"]),
 ]
 
 

@@ -28,9 +28,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from smartnsq.consumer import Consumer
-from smartnsq.message import Message
-from smartnsq.producer import Producer
+from smartnsq.consumer.consumer import Consumer
+from smartnsq.consumer.message import Message
+from smartnsq.producer.producer import Producer
 from smartnsq.testing import Cluster
 
 
@@ -60,7 +60,7 @@ async def failover_round(delay: float, *, restart: bool, limit: float) -> dict[s
             accepted = time.monotonic()
             try:
                 await cluster.wait_for(lambda: b"probe" in handled, timeout=limit)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return {"accepted_to_handled": None, "stop_to_handled": None}
     return {
         "accepted_to_handled": handled[b"probe"] - accepted,
@@ -98,7 +98,7 @@ async def ordered_round(limit: float, seed: int) -> dict[str, Any]:
             try:
                 await cluster.wait_for(lambda: sum(map(len, done.values())) == 1200, limit)
                 seconds: float | None = time.monotonic() - started
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 seconds = None
             handled = sum(map(len, done.values()))
             await consumer.close(timeout=1.0)

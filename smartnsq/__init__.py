@@ -15,15 +15,15 @@ from smartnsq.errors import __all__ as _errors_all
 
 if TYPE_CHECKING:
     from smartnsq.admin import Admin as Admin
-    from smartnsq.consumer import Consumer as Consumer
-    from smartnsq.consumer import ConsumerStats as ConsumerStats
+    from smartnsq.consumer.consumer import Consumer as Consumer
+    from smartnsq.consumer.consumer import ConsumerStats as ConsumerStats
+    from smartnsq.consumer.message import Message as Message
     from smartnsq.flow.backoff import BackoffPolicy as BackoffPolicy
-    from smartnsq.message import Message as Message
-    from smartnsq.producer import Producer as Producer
-    from smartnsq.producer import ProducerStats as ProducerStats
+    from smartnsq.flow.retry import Backoff as Backoff
+    from smartnsq.producer.producer import Producer as Producer
+    from smartnsq.producer.producer import ProducerStats as ProducerStats
     from smartnsq.protocol.commands import StartPosition as StartPosition
-    from smartnsq.publish_result import PublishResult as PublishResult
-    from smartnsq.retry import Backoff as Backoff
+    from smartnsq.publishing.result import PublishResult as PublishResult
     from smartnsq.routing.addresses import AddressMap as AddressMap
     from smartnsq.routing.sharding import Sharder as Sharder
     from smartnsq.service import serve as serve
@@ -31,14 +31,14 @@ if TYPE_CHECKING:
 _LAZY = {
     "AddressMap": "smartnsq.routing.addresses",
     "Admin": "smartnsq.admin",
-    "Backoff": "smartnsq.retry",
+    "Backoff": "smartnsq.flow.retry",
     "BackoffPolicy": "smartnsq.flow.backoff",
-    "Consumer": "smartnsq.consumer",
-    "ConsumerStats": "smartnsq.consumer",
-    "Message": "smartnsq.message",
-    "Producer": "smartnsq.producer",
-    "ProducerStats": "smartnsq.producer",
-    "PublishResult": "smartnsq.publish_result",
+    "Consumer": "smartnsq.consumer.consumer",
+    "ConsumerStats": "smartnsq.consumer.consumer",
+    "Message": "smartnsq.consumer.message",
+    "Producer": "smartnsq.producer.producer",
+    "ProducerStats": "smartnsq.producer.producer",
+    "PublishResult": "smartnsq.publishing.result",
     "Sharder": "smartnsq.routing.sharding",
     "serve": "smartnsq.service",
     "StartPosition": "smartnsq.protocol.commands",

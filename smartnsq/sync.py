@@ -5,10 +5,11 @@ coroutines.
 Why a thread and not a second implementation: each blocking client owns one private event
 loop running in a daemon thread. The async client is created and used only on that loop;
 every blocking method submits the async method to it (``run_coroutine_threadsafe``) and waits
-for the outcome, so results and exceptions are the async client's own, and there is no second
-protocol implementation to keep in step. Many threads can share one client: the loop
+for the outcome, so results and exceptions are the async client's own, and there is no
+second protocol implementation to keep in step. Many threads can share one client: the loop
 serialises everything that touches the client's state. The loop thread, with its fork and
-deadlock guards, is :class:`smartnsq.loopthread.LoopThread` (the Spark source uses it too).
+deadlock guards, is :class:`smartnsq.transport.loopthread.LoopThread` (the Spark source uses
+it too).
 
 Rules that follow from the design:
 
@@ -37,15 +38,15 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from smartnsq.consumer import Consumer as AsyncConsumer
-from smartnsq.consumer import ConsumerStats, is_coroutine_function
+from smartnsq.consumer.consumer import Consumer as AsyncConsumer
+from smartnsq.consumer.consumer import ConsumerStats, is_coroutine_function
+from smartnsq.consumer.message import Message as AsyncMessage
 from smartnsq.errors import ClientClosedError, NSQTimeoutError
-from smartnsq.loopthread import GRACE as _GRACE
-from smartnsq.loopthread import LoopThread, call_plain
-from smartnsq.message import Message as AsyncMessage
-from smartnsq.producer import Producer as AsyncProducer
-from smartnsq.producer import ProducerStats
-from smartnsq.publish_result import PublishResult
+from smartnsq.producer.producer import Producer as AsyncProducer
+from smartnsq.producer.producer import ProducerStats
+from smartnsq.publishing.result import PublishResult
+from smartnsq.transport.loopthread import GRACE as _GRACE
+from smartnsq.transport.loopthread import LoopThread, call_plain
 
 __all__ = ["Consumer", "ConsumerStats", "Message", "Producer", "ProducerStats", "PublishResult"]
 

@@ -8,7 +8,6 @@ always reported as one line on stderr without a traceback; 130 interrupted.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import sys
 from collections.abc import Callable, Sequence
@@ -91,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         silence_stdout()
         return 1
-    except (NSQError, OSError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, NSQError, OSError) as exc:
         print(f"{prefix} {one_line(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

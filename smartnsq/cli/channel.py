@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from smartnsq import loops
 from smartnsq.cli._common import (
     add_admin_options,
     add_verbosity,
@@ -16,6 +15,7 @@ from smartnsq.cli._common import (
     topic_arg,
 )
 from smartnsq.cli.offsets import register_actions
+from smartnsq.transport import loops
 
 __all__ = ["register"]
 

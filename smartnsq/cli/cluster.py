@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from smartnsq import loops
 from smartnsq.cli.usage import UsageError
 from smartnsq.errors import ValidationError
 from smartnsq.protocol.validation import check_channel, check_topic
+from smartnsq.transport import loops
 
 if TYPE_CHECKING:
     from smartnsq.testing.cluster import Cluster

@@ -20,13 +20,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from smartnsq import loops
 from smartnsq.cli._common import Progress, add_verbosity, plural, setup_logging, table
 from smartnsq.cli.usage import UsageError
-from smartnsq.consumer import Consumer
-from smartnsq.message import Message
-from smartnsq.producer import Producer
-from smartnsq.tracelog import TRACE_LOGGER
+from smartnsq.client.tracelog import TRACE_LOGGER
+from smartnsq.consumer.consumer import Consumer
+from smartnsq.consumer.message import Message
+from smartnsq.producer.producer import Producer
+from smartnsq.transport import loops
 
 if TYPE_CHECKING:
     from smartnsq.testing import Cluster
@@ -294,7 +294,7 @@ class _Demo:
                     break
                 try:
                     await asyncio.wait_for(checker.complete.wait(), min(remaining, 0.5))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     self.progress.update(lambda: f"consuming {checker.received}/{s.messages}")
             elapsed = time.perf_counter() - began
         complete = checker.complete.is_set()

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from smartnsq import loops
 from smartnsq.cli._common import (
     add_connection_options,
     add_verbosity,
@@ -20,6 +19,7 @@ from smartnsq.cli._common import (
 )
 from smartnsq.cli.usage import UsageError
 from smartnsq.protocol.lookupd import Access, TopicLayout, TopicMeta
+from smartnsq.transport import loops
 from smartnsq.transport.lookup import LookupManager
 
 __all__ = ["register"]

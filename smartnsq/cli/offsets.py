@@ -7,7 +7,6 @@ import argparse
 import json
 from typing import Any
 
-from smartnsq import loops
 from smartnsq.cli._common import (
     add_admin_options,
     add_verbosity,
@@ -23,6 +22,7 @@ from smartnsq.cli.usage import UsageError
 from smartnsq.errors import ValidationError
 from smartnsq.protocol.commands import StartPosition
 from smartnsq.protocol.offsets import PartitionOffsets, SeekResult
+from smartnsq.transport import loops
 
 __all__ = ["register_actions"]
 

@@ -14,7 +14,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from smartnsq import loops
 from smartnsq.cli._common import (
     Progress,
     Target,
@@ -29,9 +28,10 @@ from smartnsq.cli._common import (
 )
 from smartnsq.cli.usage import UsageError, one_line
 from smartnsq.errors import NSQError, UnsupportedFeatureError, ValidationError
-from smartnsq.producer import DEFAULT_PUBLISH_TIMEOUT, Producer
-from smartnsq.publish_result import PublishResult
+from smartnsq.producer.producer import DEFAULT_PUBLISH_TIMEOUT, Producer
+from smartnsq.publishing.result import PublishResult
 from smartnsq.routing.sharding import INT64_MAX, INT64_MIN, Sharder
+from smartnsq.transport import loops
 
 __all__ = ["parse_sharding_key", "register"]
 

@@ -10,7 +10,6 @@ import signal
 import sys
 from typing import Any
 
-from smartnsq import loops
 from smartnsq.cli._common import (
     Target,
     add_connection_options,
@@ -24,9 +23,10 @@ from smartnsq.cli._common import (
     topic_arg,
 )
 from smartnsq.cli.usage import UsageError
-from smartnsq.consumer import Consumer
+from smartnsq.consumer.consumer import Consumer
+from smartnsq.consumer.message import Message
 from smartnsq.errors import NSQError, TopicNotFoundError
-from smartnsq.message import Message
+from smartnsq.transport import loops
 from smartnsq.transport.connection import Connection, ConnectionConfig
 from smartnsq.transport.lookup import LookupManager
 

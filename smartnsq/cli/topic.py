@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from smartnsq import loops
 from smartnsq.admin import MAX_PARTITIONS, MAX_REPLICAS
 from smartnsq.cli._common import (
     add_admin_options,
@@ -16,6 +15,7 @@ from smartnsq.cli._common import (
     setup_logging,
     topic_arg,
 )
+from smartnsq.transport import loops
 
 __all__ = ["register"]
 

@@ -27,7 +27,7 @@ def exponential(attempt: int, first: float, maximum: float, multiplier: float = 
     """The one exponential formula of the client's waits: ``first * multiplier ** (attempt -
     1)`` seconds for the ``attempt``-th (>= 1), capped at ``maximum``. Used by the consumer's
     backoff windows (:class:`BackoffPolicy`), the retry and reconnect backoff
-    (``smartnsq.retry.Backoff``) and the lookup's down-ranking of a failing nsqlookupd."""
+    (``smartnsq.flow.retry.Backoff``) and the lookup's down-ranking of a failing nsqlookupd."""
     # Past a few hundred attempts only the cap matters: keep the power finite.
     return min(first * multiplier ** min(max(attempt - 1, 0), 1023), maximum)
 

@@ -1,6 +1,7 @@
 """Which build of the hot functions runs: their compiled twins (``protocol/_speedups`` and
-``_eager_speedups``, built by ``pip install`` where a C compiler is) unless ``SMARTNSQ_PURE``
-is set, else the pure-Python functions, which are the reference and run everywhere."""
+``consumer._eager_speedups``, built by ``pip install`` where a C compiler is) unless
+``SMARTNSQ_PURE`` is set, else the pure-Python functions, which are the reference and run
+everywhere."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from smartnsq.publish_result import PublishResult
+from smartnsq.publishing.result import PublishResult
 
 __all__ = ["ProducerStats"]
 

@@ -16,8 +16,8 @@ from smartnsq.errors import UnsupportedFeatureError, ValidationError
 from smartnsq.protocol import commands
 from smartnsq.protocol.responses import OK, TraceReceipt
 from smartnsq.protocol.validation import MAX_BODY_SIZE, MAX_MSG_SIZE
-from smartnsq.publish_result import PublishResult
 from smartnsq.publishing.request import PublishRequest
+from smartnsq.publishing.result import PublishResult
 from smartnsq.publishing.routes import Route
 
 __all__ = ["DISK_OVERHEAD", "Inject", "PublishCodec"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from smartnsq.errors import ValidationError
-from smartnsq.producer import DEFAULT_PUBLISH_TIMEOUT
+from smartnsq.producer.producer import DEFAULT_PUBLISH_TIMEOUT
 from smartnsq.protocol.validation import check_channel, check_partition, check_topic
 from smartnsq.spark.offsets import Position, parse_position
 

@@ -1,6 +1,6 @@
 """The offsets mode's driver side: what the partition leaders say about their queues, where a
 starting position lands, and moving the query's channel. Plain methods for Spark's calls,
-each running on a private event loop (:class:`~smartnsq.loopthread.LoopThread`) with one
+each running on a private event loop (:class:`~smartnsq.transport.loopthread.LoopThread`) with one
 lookup manager and one HTTP client.
 
 Nothing here reads a message: messages are read on the executors
@@ -18,13 +18,13 @@ from typing import Any, TypeVar
 import httpx
 
 from smartnsq.errors import AdminError, NSQError, TopicNotFoundError, ValidationError
-from smartnsq.loopthread import GRACE, LoopThread
 from smartnsq.protocol.commands import StartPosition
 from smartnsq.protocol.lookupd import TopicLayout
 from smartnsq.protocol.offsets import CHANNEL_NOT_FOUND, PartitionOffsets
 from smartnsq.spark.options import SourceOptions
 from smartnsq.transport.httpclient import new_http_client
 from smartnsq.transport.lookup import LookupManager
+from smartnsq.transport.loopthread import GRACE, LoopThread
 from smartnsq.transport.offsets import read_channel_offsets, set_channel_offset
 from smartnsq.transport.ranges import locate
 

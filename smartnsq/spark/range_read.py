@@ -2,9 +2,10 @@
 offsets (:class:`~smartnsq.transport.ranges.RangeReader`) and hands Spark its rows as Arrow
 record batches, in queue order.
 
-The reader runs on a private event loop (:class:`~smartnsq.loopthread.LoopThread`) created in
-the task's process (Spark's Python workers are forked: nothing loop-bound may come from the
-parent). While Spark turns one batch into rows, the loop goes on receiving the next messages.
+The reader runs on a private event loop (:class:`~smartnsq.transport.loopthread.LoopThread`)
+created in the task's process (Spark's Python workers are forked: nothing loop-bound may
+come from the parent). While Spark turns one batch into rows, the loop goes on receiving the
+next messages.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ import pyarrow as pa
 
 from smartnsq.errors import NSQError
 from smartnsq.flow.ranges import OffsetRange
-from smartnsq.loopthread import GRACE, LoopThread
 from smartnsq.protocol.message import MessageFrame
 from smartnsq.spark.options import SourceOptions
 from smartnsq.spark.rows import frames_batch
 from smartnsq.transport.connection import ConnectionConfig
 from smartnsq.transport.httpclient import new_http_client
 from smartnsq.transport.lookup import LookupManager
+from smartnsq.transport.loopthread import GRACE, LoopThread
 from smartnsq.transport.ranges import RangeReader
 
 __all__ = ["ROWS_PER_BATCH", "read_range"]

@@ -32,14 +32,14 @@ from collections import deque
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from smartnsq.consumer import Consumer
+from smartnsq.consumer.consumer import Consumer
+from smartnsq.consumer.message import Message
 from smartnsq.errors import NSQError
-from smartnsq.loopthread import LoopThread
-from smartnsq.message import Message
 from smartnsq.protocol.validation import MAX_RDY_COUNT
 from smartnsq.spark.journal import Journal
 from smartnsq.spark.options import SourceOptions
 from smartnsq.spark.rows import Row, decode_row, encode_row, row_of
+from smartnsq.transport.loopthread import LoopThread
 from smartnsq.transport.waiting import wait_event
 
 __all__ = ["Receiver"]

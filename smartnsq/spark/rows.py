@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
-from smartnsq.message import Message
+from smartnsq.consumer.message import Message
 from smartnsq.protocol.message import EXT_VERSION_JSON, MessageFrame
 
 __all__ = ["Row", "decode_row", "encode_row", "frames_batch", "record_batches", "row_of"]

@@ -25,11 +25,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import WriterCommitMessage
 
-from smartnsq import loops
 from smartnsq.errors import ValidationError
-from smartnsq.producer import Producer, PublishResult
+from smartnsq.producer.producer import Producer, PublishResult
 from smartnsq.spark.options import SinkOptions
 from smartnsq.spark.schema import SinkColumns
+from smartnsq.transport import loops
 
 __all__ = ["Published", "publish_batches", "report_abort", "report_commit"]
 

@@ -49,7 +49,7 @@ class Changes:
             while not predicate():
                 remaining = deadline - loop.time()
                 if remaining <= 0:
-                    raise asyncio.TimeoutError(f"condition not met within {timeout} s")
+                    raise TimeoutError(f"condition not met within {timeout} s")
                 event.clear()
                 # asyncio.wait, not wait_for: before Python 3.12 wait_for can lose a
                 # cancellation that comes as the event is set, and this loop would go on.

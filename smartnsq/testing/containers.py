@@ -54,8 +54,8 @@ if TYPE_CHECKING:
     from testcontainers.core.waiting_utils import WaitStrategy
 
     from smartnsq.admin import Admin
-    from smartnsq.consumer import Consumer
-    from smartnsq.producer import Producer
+    from smartnsq.consumer.consumer import Consumer
+    from smartnsq.producer.producer import Producer
 
 __all__ = [
     "DEFAULT_CLASSIC_IMAGE",
@@ -525,13 +525,13 @@ class ContainerCluster:
 
     def producer(self, **options: Any) -> Producer:
         """A :class:`smartnsq.Producer` through nsqlookupd, with the cluster's address map."""
-        from smartnsq.producer import Producer
+        from smartnsq.producer.producer import Producer
 
         return Producer(lookupd=[self.lookupd_url], address_map=self.address_map, **options)
 
     def consumer(self, topic: str, channel: str, **options: Any) -> Consumer:
         """A :class:`smartnsq.Consumer` through nsqlookupd, with the cluster's address map."""
-        from smartnsq.consumer import Consumer
+        from smartnsq.consumer.consumer import Consumer
 
         return Consumer(
             topic, channel, lookupd=[self.lookupd_url], address_map=self.address_map, **options

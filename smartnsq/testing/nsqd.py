@@ -688,7 +688,7 @@ class ClientSession(asyncio.BufferedProtocol):
             transport = await asyncio.wait_for(
                 self._loop.start_tls(self.transport, self, context, server_side=True), 5.0
             )
-        except (OSError, ssl.SSLError, asyncio.TimeoutError, ConnectionError) as exc:
+        except (TimeoutError, OSError, ssl.SSLError, ConnectionError) as exc:
             log.debug("%s: TLS handshake failed: %s", self.label, exc)
             self.abort()
             return

@@ -9,7 +9,7 @@ histograms, hourly sizes, delayed queues) are zeros of the recorded types.
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from smartnsq.protocol.compression import DeflateCodec, SnappyCodec
@@ -64,7 +64,7 @@ class StatsQuery:
 def go_time(ns: int) -> str:
     """Go's ``time.Time.String()`` in UTC: ``2026-11-21 04:29:56.72433852 +0000 UTC``."""
     seconds, frac = divmod(ns, 1_000_000_000)
-    text = datetime.fromtimestamp(seconds, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    text = datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
     if frac:
         text += "." + f"{frac:09d}".rstrip("0")
     return text + " +0000 UTC"
@@ -429,7 +429,7 @@ def stats_text(node: NsqdNode, stats: dict[str, Any]) -> str:
     uptime = int(time.time()) - node.start_time
     lines = [
         f"nsqd v{node.settings.version}",
-        f"start_time {datetime.fromtimestamp(node.start_time, tz=timezone.utc).isoformat()}",
+        f"start_time {datetime.fromtimestamp(node.start_time, tz=UTC).isoformat()}",
         f"uptime {uptime}s",
     ]
     if not stats["topics"]:

@@ -256,7 +256,7 @@ class Connection(ReusableReadBuffer):
             await asyncio.wait_for(
                 loop.create_connection(lambda: self, self.host, self.port), timeout
             )
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._closed = True
             raise NSQTimeoutError(
                 f"connecting to {self.address} timed out after {timeout} s"
@@ -266,7 +266,7 @@ class Connection(ReusableReadBuffer):
             raise ConnectionClosedError(f"cannot connect: {exc}", self.address) from exc
         try:
             await asyncio.wait_for(self._handshake(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             error = NSQTimeoutError(
                 f"{self.address} accepted the connection but did not answer the NSQ handshake "
                 f"(IDENTIFY) within {timeout} s: is it an nsqd TCP port (default 4150), and is "
@@ -529,7 +529,7 @@ class Connection(ReusableReadBuffer):
         self._drain_waiters.append(waiter)
         try:
             await asyncio.wait_for(waiter, self.config.write_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             error = NSQTimeoutError(
                 f"write to {self.address} blocked for {self.config.write_timeout} s"
             )
@@ -640,7 +640,7 @@ class Connection(ReusableReadBuffer):
         if self._lost is not None and not self._lost.done():
             try:
                 await asyncio.wait_for(asyncio.shield(self._lost), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if self._transport is not None:
                     self._transport.abort()
 

@@ -55,12 +55,12 @@ from smartnsq.flow.ranges import (
     Placement,
     RangeChain,
 )
+from smartnsq.flow.retry import Backoff
 from smartnsq.protocol import commands
 from smartnsq.protocol.lookupd import Node, TopicLayout
 from smartnsq.protocol.message import MessageFrame, MessageLayout
 from smartnsq.protocol.responses import OK
 from smartnsq.protocol.validation import check_channel, check_topic
-from smartnsq.retry import Backoff
 from smartnsq.transport.connection import Connection, ConnectionConfig
 from smartnsq.transport.lookup import LookupManager
 from smartnsq.transport.offsets import read_channel_offsets, set_channel_offset
@@ -187,7 +187,7 @@ class RangeReader:
                 return "stall"
             try:
                 await asyncio.wait_for(self._wake.wait(), max(remaining, 0.05))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def _check_deadline(self) -> None:

@@ -110,7 +110,7 @@ async def test_youzan_cluster_through_a_leader_crash() -> None:
                 complete.clear()
                 try:
                     await asyncio.wait_for(complete.wait(), 120)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     missing = {p: set(acknowledged[p]) - set(received[p]) for p in acknowledged}
                     pytest.fail(f"not received 120 s after the last publish: {missing}")
             stats = consumer.stats()

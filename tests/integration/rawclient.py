@@ -108,7 +108,7 @@ class RawClient:
         """True if nothing (but heartbeats) arrives for ``duration`` seconds."""
         try:
             await self.frame(duration)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return True
         return False
 
@@ -116,7 +116,7 @@ class RawClient:
         self.writer.close()
         try:
             await asyncio.wait_for(self.writer.wait_closed(), TIMEOUT)
-        except (ConnectionError, asyncio.TimeoutError):
+        except (TimeoutError, ConnectionError):
             pass
 
 

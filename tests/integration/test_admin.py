@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from smartnsq.admin import Admin
-from smartnsq.consumer import Consumer
+from smartnsq.consumer.consumer import Consumer
+from smartnsq.consumer.message import Message
 from smartnsq.errors import (
     AdminError,
     ChannelNotRegisteredError,
@@ -20,8 +21,7 @@ from smartnsq.errors import (
     UnsupportedFeatureError,
     ValidationError,
 )
-from smartnsq.message import Message
-from smartnsq.producer import Producer
+from smartnsq.producer.producer import Producer
 from smartnsq.testing import Cluster
 
 V1 = {"Accept": "application/vnd.nsq; version=1.0"}

@@ -8,8 +8,8 @@ from collections import defaultdict
 import pytest
 
 from smartnsq import errors as e
-from smartnsq.producer import Producer
-from smartnsq.retry import Backoff
+from smartnsq.flow.retry import Backoff
+from smartnsq.producer.producer import Producer
 from smartnsq.routing.sharding import Sharder
 from smartnsq.testing import Cluster
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from smartnsq.producer import Producer
+from smartnsq.producer.producer import Producer
 from smartnsq.routing.sharding import Sharder
 from smartnsq.testing import Cluster
 

@@ -20,7 +20,7 @@ from typing import Literal
 
 import pytest
 
-from smartnsq.producer import Producer
+from smartnsq.producer.producer import Producer
 from smartnsq.routing.sharding import INT64_MAX, INT64_MIN, Sharder
 from smartnsq.testing import Cluster
 from tests.integration.test_cli import (

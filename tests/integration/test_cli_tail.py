@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from smartnsq.producer import Producer
+from smartnsq.producer.producer import Producer
 from smartnsq.testing import Cluster
 from tests.integration.test_cli import (
     TAIL_LINE,

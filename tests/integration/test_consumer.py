@@ -15,12 +15,12 @@ import pytest
 import snappy
 
 from smartnsq import errors as e
-from smartnsq.consumer import Consumer
+from smartnsq.consumer.consumer import Consumer
+from smartnsq.consumer.message import Message
 from smartnsq.flow.backoff import BackoffPolicy
-from smartnsq.message import Message
-from smartnsq.producer import Producer
+from smartnsq.flow.retry import Backoff
+from smartnsq.producer.producer import Producer
 from smartnsq.protocol.commands import StartPosition
-from smartnsq.retry import Backoff
 from smartnsq.testing import Cluster
 
 FAST = Backoff(initial=0.01, maximum=0.05)

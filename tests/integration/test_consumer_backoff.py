@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from smartnsq.consumer import Consumer
+from smartnsq.consumer.consumer import Consumer
+from smartnsq.consumer.message import Message
 from smartnsq.flow.backoff import BackoffPolicy
-from smartnsq.message import Message
-from smartnsq.producer import Producer
+from smartnsq.producer.producer import Producer
 from smartnsq.testing import Cluster
 
 # Everything but the backoff windows: loopback round trips and a few handler calls, on a

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from smartnsq.consumer import Consumer
+from smartnsq.consumer.consumer import Consumer
+from smartnsq.consumer.message import Message
 from smartnsq.errors import ValidationError
-from smartnsq.message import Message
-from smartnsq.producer import Producer
-from smartnsq.retry import Backoff
+from smartnsq.flow.retry import Backoff
+from smartnsq.producer.producer import Producer
 from smartnsq.testing import Cluster
 
 FAST = Backoff(initial=0.01, maximum=0.05)

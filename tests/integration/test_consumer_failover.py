@@ -11,9 +11,9 @@ from collections import defaultdict
 
 import pytest
 
-from smartnsq.consumer import Consumer
-from smartnsq.message import Message
-from smartnsq.producer import Producer
+from smartnsq.consumer.consumer import Consumer
+from smartnsq.consumer.message import Message
+from smartnsq.producer.producer import Producer
 from smartnsq.testing import Cluster
 
 FAILOVER_DELAY = 3.0

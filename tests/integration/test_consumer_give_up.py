@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from smartnsq.consumer import Consumer
-from smartnsq.message import Message
-from smartnsq.producer import Producer
-from smartnsq.retry import Backoff
+from smartnsq.consumer.consumer import Consumer
+from smartnsq.consumer.message import Message
+from smartnsq.flow.retry import Backoff
+from smartnsq.producer.producer import Producer
 from smartnsq.testing import Cluster
 
 

@@ -16,11 +16,11 @@ import httpx
 import pytest
 
 from smartnsq import sync
-from smartnsq.consumer import Consumer
+from smartnsq.consumer.consumer import Consumer
+from smartnsq.consumer.message import Message
 from smartnsq.errors import OrderedSubscribeRequiredError
-from smartnsq.message import Message
-from smartnsq.producer import Producer
-from smartnsq.retry import Backoff
+from smartnsq.flow.retry import Backoff
+from smartnsq.producer.producer import Producer
 from smartnsq.testing import Cluster
 from smartnsq.transport.lookup import LookupManager
 from tests.integration.threaded_cluster import ThreadedCluster
@@ -253,7 +253,7 @@ def test_system_exit_and_keyboard_interrupt_in_a_handler_propagate(
 
 LEFT_OPEN = """
 import asyncio
-from smartnsq.consumer import Consumer
+from smartnsq.consumer.consumer import Consumer
 from smartnsq.testing import Cluster
 
 async def main():

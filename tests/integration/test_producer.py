@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from smartnsq import errors as e
-from smartnsq.producer import Producer
-from smartnsq.publish_result import PublishResult
-from smartnsq.retry import Backoff
+from smartnsq.flow.retry import Backoff
+from smartnsq.producer.producer import Producer
+from smartnsq.publishing.result import PublishResult
 from smartnsq.routing.sharding import Sharder
 from smartnsq.testing import Cluster
 

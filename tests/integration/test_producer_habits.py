@@ -11,8 +11,8 @@ import pytest
 
 from smartnsq import errors as e
 from smartnsq import producer as producer_module
-from smartnsq.producer import DEFAULT_PUBLISH_TIMEOUT, Producer, ProducerStats
-from smartnsq.retry import Backoff
+from smartnsq.flow.retry import Backoff
+from smartnsq.producer.producer import DEFAULT_PUBLISH_TIMEOUT, Producer, ProducerStats
 from smartnsq.testing import Cluster
 
 # Tries come fast with this backoff: the old default of 60 retries lasted well under 1 s.

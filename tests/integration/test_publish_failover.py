@@ -17,10 +17,10 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 from smartnsq import errors as e
-from smartnsq.consumer import Consumer
-from smartnsq.message import Message
-from smartnsq.producer import Producer
-from smartnsq.retry import Backoff
+from smartnsq.consumer.consumer import Consumer
+from smartnsq.consumer.message import Message
+from smartnsq.flow.retry import Backoff
+from smartnsq.producer.producer import Producer
 from smartnsq.routing.sharding import Sharder
 from smartnsq.testing import Cluster
 

@@ -12,7 +12,7 @@ import pytest
 
 import smartnsq.sync
 from smartnsq import errors as e
-from smartnsq.producer import Producer
+from smartnsq.producer.producer import Producer
 from smartnsq.routing.sharding import Sharder
 from smartnsq.testing import Cluster
 

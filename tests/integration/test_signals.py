@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from smartnsq.producer import Producer
+from smartnsq.producer.producer import Producer
 from smartnsq.testing import Cluster
 
 COUNT = 3

@@ -24,9 +24,9 @@ import pytest
 
 from smartnsq import errors as e
 from smartnsq import sync
-from smartnsq.message import Message as AsyncMessage
-from smartnsq.producer import Producer as AsyncProducer
-from smartnsq.retry import Backoff
+from smartnsq.consumer.message import Message as AsyncMessage
+from smartnsq.flow.retry import Backoff
+from smartnsq.producer.producer import Producer as AsyncProducer
 from smartnsq.routing.sharding import Sharder
 from tests.integration.threaded_cluster import ThreadedCluster
 

@@ -17,11 +17,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from smartnsq import errors as e
-from smartnsq.consumer import Consumer
-from smartnsq.message import Message
-from smartnsq.producer import Producer
+from smartnsq.client.telemetry import Telemetry
+from smartnsq.consumer.consumer import Consumer
+from smartnsq.consumer.message import Message
+from smartnsq.producer.producer import Producer
 from smartnsq.routing.sharding import Sharder
-from smartnsq.telemetry import Telemetry
 from smartnsq.testing import Cluster
 
 

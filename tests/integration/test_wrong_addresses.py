@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from smartnsq.consumer import Consumer
+from smartnsq.consumer.consumer import Consumer
 from smartnsq.errors import NotLookupdError, NSQError, NSQTimeoutError, ProtocolError
-from smartnsq.producer import Producer
+from smartnsq.producer.producer import Producer
 from smartnsq.testing import Cluster
 from tests.integration.test_cli import smartnsq
 
@@ -95,7 +95,7 @@ async def test_the_cli_says_it_in_one_line(classic: Cluster) -> None:
 
 
 def test_not_lookupd_is_not_retried() -> None:
-    from smartnsq.retry import is_retriable
+    from smartnsq.flow.retry import is_retriable
 
     assert not is_retriable(NotLookupdError("x"))
     assert isinstance(NotLookupdError("x"), NSQError)

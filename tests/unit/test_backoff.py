@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from smartnsq.errors import ValidationError
 from smartnsq.flow import BackoffPolicy, requeue_delay
 from smartnsq.flow.backoff import exponential
-from smartnsq.retry import Backoff
+from smartnsq.flow.retry import Backoff
 
 
 def test_defaults_follow_go_nsq() -> None:

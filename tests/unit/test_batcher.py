@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from smartnsq.batching import UNORDERED_IN_FLIGHT, Batcher
+from smartnsq.producer.batching import UNORDERED_IN_FLIGHT, Batcher
 
 
 class Recorder:

@@ -253,7 +253,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_pub_waits_as_long_as_the_api_by_default() -> None:
     from smartnsq.cli import build_parser
-    from smartnsq.producer import DEFAULT_PUBLISH_TIMEOUT
+    from smartnsq.producer.producer import DEFAULT_PUBLISH_TIMEOUT
 
     args = build_parser().parse_args(["pub", "orders", "x"])
     assert args.timeout == DEFAULT_PUBLISH_TIMEOUT

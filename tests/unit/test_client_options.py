@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from smartnsq.consumer import Consumer
+from smartnsq.client.options import ClientOptions
+from smartnsq.consumer.consumer import Consumer
 from smartnsq.errors import ValidationError
-from smartnsq.options import ClientOptions
-from smartnsq.producer import Producer
+from smartnsq.producer.producer import Producer
 
 LOOKUPD = {"lookupd": ["http://127.0.0.1:4161"]}
 

@@ -10,10 +10,10 @@ from typing import Any, cast
 
 import pytest
 
-from smartnsq.deadletter import dead_letter_record, write_dead_letter
-from smartnsq.message import Message
+from smartnsq.consumer.deadletter import dead_letter_record, write_dead_letter
+from smartnsq.consumer.message import Message
+from smartnsq.consumer.subscription import Subscription
 from smartnsq.protocol.message import EXT_VERSION_JSON, EXT_VERSION_NONE
-from smartnsq.subscription import Subscription
 
 
 def _message(body: bytes, ext: bytes | None = None) -> Message:

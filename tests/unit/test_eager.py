@@ -11,7 +11,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from smartnsq.eager import EagerTask, run_eager
+from smartnsq.consumer.eager import EagerTask, run_eager
 
 # asyncio.timeout and TaskGroup, which some handlers here use, exist from Python 3.11.
 needs_311 = pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout, TaskGroup")
@@ -262,9 +262,9 @@ async def test_a_failing_task_group_child_cancels_the_handler() -> None:
             group.create_task(_fail_soon())
 
     task = _run(handler(), done)
-    with pytest.raises(BaseExceptionGroup):  # noqa: F821 - Python 3.11+, as TaskGroup
+    with pytest.raises(BaseExceptionGroup):
         await asyncio.wait_for(task, 2)
-    assert isinstance(seen[0], BaseExceptionGroup)  # noqa: F821
+    assert isinstance(seen[0], BaseExceptionGroup)
 
 
 async def _fail_soon() -> None:

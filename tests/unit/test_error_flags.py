@@ -1,5 +1,5 @@
 """Every error the client raises says itself whether it is retriable and whether it means the
-cluster layout is stale; ``smartnsq.retry`` only reads those two flags."""
+cluster layout is stale; ``smartnsq.flow.retry`` only reads those two flags."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import inspect
 import pytest
 
 from smartnsq import errors as e
+from smartnsq.flow.retry import is_retriable, needs_lookup_refresh
 from smartnsq.protocol.errors import ERROR_CLASSES
-from smartnsq.retry import is_retriable, needs_lookup_refresh
 
 # The errors that are not server frames: (retriable, refresh_lookup).
 CLIENT_ERRORS: dict[type[e.NSQError], tuple[bool, bool]] = {

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from smartnsq.handlers import HandlerRunner
-from smartnsq.message import Message
-from smartnsq.telemetry import Telemetry
+from smartnsq.client.telemetry import Telemetry
+from smartnsq.consumer.handlers import HandlerRunner
+from smartnsq.consumer.message import Message
 
 WHO = contextvars.ContextVar("who", default="nobody")
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from smartnsq.cli import main
-from smartnsq.consumer import Consumer
+from smartnsq.consumer.consumer import Consumer
 from smartnsq.errors import ValidationError
-from smartnsq.producer import Producer
+from smartnsq.producer.producer import Producer
 from smartnsq.routing.addresses import split_host_port
 from smartnsq.transport.connection import Connection
 from smartnsq.transport.targets import check_nsqd_address

@@ -1,6 +1,6 @@
 """LogThrottle: one record per key per interval, and how many were held back."""
 
-from smartnsq.logthrottle import LogThrottle
+from smartnsq.flow.logthrottle import LogThrottle
 
 
 def test_one_per_key_per_interval_with_the_count_held_back() -> None:

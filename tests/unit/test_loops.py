@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from smartnsq import loops
-from smartnsq.loopthread import LoopThread
+from smartnsq.transport import loops
+from smartnsq.transport.loopthread import LoopThread
 
 uvloop = pytest.importorskip("uvloop")
 

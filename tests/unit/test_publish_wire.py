@@ -11,8 +11,8 @@ import pytest
 from smartnsq.errors import UnsupportedFeatureError, ValidationError
 from smartnsq.protocol import commands as c
 from smartnsq.protocol.responses import OK, TraceReceipt
-from smartnsq.publish_result import PublishResult
 from smartnsq.publishing.request import PublishRequest
+from smartnsq.publishing.result import PublishResult
 from smartnsq.publishing.routes import ANY_TOPIC, Route
 from smartnsq.publishing.wire import DISK_OVERHEAD, PublishCodec
 from tests.fixtures import command_bytes, wire

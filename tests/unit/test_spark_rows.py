@@ -14,8 +14,8 @@ import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from smartnsq.message import Message
-from smartnsq.producer import PublishResult
+from smartnsq.consumer.message import Message
+from smartnsq.producer.producer import PublishResult
 from smartnsq.protocol.message import (
     EXT_VERSION_JSON,
     MessageLayout,

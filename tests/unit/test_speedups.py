@@ -175,11 +175,11 @@ def test_the_mpub_frame_leaves_what_is_not_bytes_to_the_reference() -> None:
 
 # --------------------------------------------------------------------------- run_eager
 
-eager_twin = _build.compiled("smartnsq._eager_speedups")
+eager_twin = _build.compiled("smartnsq.consumer._eager_speedups")
 
 
 def test_the_compiled_run_eager_is_installed() -> None:
-    from smartnsq import eager
+    from smartnsq.consumer import eager
 
     assert eager_twin is not None
     assert eager.run_eager is eager_twin.run_eager
@@ -238,7 +238,7 @@ async def _scenarios(run: Any) -> list[Any]:
 
 
 async def test_run_eager_matches_the_reference() -> None:
-    from smartnsq import eager
+    from smartnsq.consumer import eager
 
     assert eager_twin is not None
     assert await _scenarios(eager_twin.run_eager) == await _scenarios(eager.pure_run_eager)

@@ -11,8 +11,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from smartnsq.publish_result import PublishResult
-from smartnsq.telemetry import describe_process, end_send_span, message_id
+from smartnsq.client.telemetry import describe_process, end_send_span, message_id
+from smartnsq.publishing.result import PublishResult
 
 YOUZAN_ID = (2).to_bytes(8, "big") + (0x4D).to_bytes(8, "big")
 

@@ -1,15 +1,16 @@
 """Carries a consumer's messages from its subscriptions to the handler (or the iterator),
 and their answers back, as the delivery ledger decides.
 
-:class:`Dispatcher` is what the :class:`~smartnsq.subscriber.Subscriber` reports to (a
-:class:`~smartnsq.subscriber.SubscriptionListener`) and what a message's ``finish()``,
-``requeue()`` and ``touch()`` end in (an :class:`~smartnsq.subscription.Answerer`). For each
-event it asks the pure :class:`~smartnsq.flow.delivery.DeliveryLedger` and carries out its
-decision: answers and ``RDY`` counts written to the connections, retired connections closed,
-deliveries released to the handler (:class:`~smartnsq.handlers.HandlerRunner`) or to the
-iterator's inbox. What the ledger cannot do without a clock or a disk is done here: the
-flow's timer, the delay an ordered requeue waits out on the client, giving up on a message
-(the dead-letter file, ``on_giving_up``), telemetry and the logs.
+:class:`Dispatcher` is what the :class:`~smartnsq.consumer.subscriber.Subscriber` reports to
+(a :class:`~smartnsq.consumer.subscriber.SubscriptionListener`) and what a message's
+``finish()``, ``requeue()`` and ``touch()`` end in (an
+:class:`~smartnsq.consumer.subscription.Answerer`). For each event it asks the pure
+:class:`~smartnsq.flow.delivery.DeliveryLedger` and carries out its decision: answers and
+``RDY`` counts written to the connections, retired connections closed, deliveries released
+to the handler (:class:`~smartnsq.consumer.handlers.HandlerRunner`) or to the iterator's
+inbox. What the ledger cannot do without a clock or a disk is done here: the flow's timer,
+the delay an ordered requeue waits out on the client, giving up on a message (the
+dead-letter file, ``on_giving_up``), telemetry and the logs.
 """
 
 from __future__ import annotations
@@ -23,7 +24,12 @@ from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from pathlib import Path
 from typing import Any, cast
 
-from smartnsq.deadletter import write_dead_letter
+from smartnsq.client.telemetry import Telemetry
+from smartnsq.client.tracelog import TRACE_LOGGER, log_consume
+from smartnsq.consumer.deadletter import write_dead_letter
+from smartnsq.consumer.handlers import HandlerRunner
+from smartnsq.consumer.message import Message
+from smartnsq.consumer.subscription import Answerer, Subscription
 from smartnsq.errors import NSQError, OrderViolationError, ServerError
 from smartnsq.flow.backoff import BackoffPolicy
 from smartnsq.flow.delivery import (
@@ -37,16 +43,11 @@ from smartnsq.flow.delivery import (
     Delivery,
     DeliveryLedger,
 )
+from smartnsq.flow.logthrottle import LogThrottle
 from smartnsq.flow.rdy import RdyController
-from smartnsq.handlers import HandlerRunner
-from smartnsq.logthrottle import LogThrottle
-from smartnsq.message import Message
-from smartnsq.payload import MARKER, decompress_payload
 from smartnsq.protocol import commands
 from smartnsq.protocol.message import MessageFrame
-from smartnsq.subscription import Answerer, Subscription
-from smartnsq.telemetry import Telemetry
-from smartnsq.tracelog import TRACE_LOGGER, log_consume
+from smartnsq.protocol.payload import MARKER, decompress_payload
 from smartnsq.transport.connection import Connection
 from smartnsq.transport.waiting import wait_event
 
@@ -443,7 +444,7 @@ class Dispatcher:
     def requeue(
         self, message: Delivery, delay: float | None = None, *, backoff: bool = True
     ) -> None:
-        """REQ ``message`` (see :meth:`smartnsq.consumer.Consumer.requeue`)."""
+        """REQ ``message`` (see :meth:`smartnsq.consumer.consumer.consumer.Consumer.requeue`)."""
         if message.responded:
             raise NSQError(f"message {message.id.hex()} was already answered")
         answer = self._ledger().requeue(message, delay, backoff=backoff)

@@ -28,8 +28,8 @@ from opentelemetry.trace import ProxyTracerProvider, Span, SpanKind, Status, Sta
 from smartnsq._version import __version__
 
 if TYPE_CHECKING:
-    from smartnsq.message import Message
-    from smartnsq.publish_result import PublishResult
+    from smartnsq.consumer.message import Message
+    from smartnsq.publishing.result import PublishResult
 
 __all__ = ["Telemetry", "describe_process", "end_send_span", "message_id"]
 

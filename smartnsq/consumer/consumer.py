@@ -2,12 +2,12 @@
 flow of messages within ``max_in_flight``, runs the handler, answers each message once, and
 follows leader changes.
 
-It is the lifecycle and the API over three parts: the :class:`~smartnsq.subscriber.Subscriber`
-(which connections, kept alive), the :class:`~smartnsq.dispatch.Dispatcher` (messages to the
-handler or the iterator and their answers back, as the pure
-:class:`~smartnsq.flow.delivery.DeliveryLedger` decides) and the
-:class:`~smartnsq.handlers.HandlerRunner` (coroutine handlers run eagerly as tasks, plain
-functions in threads).
+It is the lifecycle and the API over three parts: the
+:class:`~smartnsq.consumer.subscriber.Subscriber` (which connections, kept alive), the
+:class:`~smartnsq.consumer.dispatch.Dispatcher` (messages to the handler or the iterator and
+their answers back, as the pure :class:`~smartnsq.flow.delivery.DeliveryLedger` decides) and
+the :class:`~smartnsq.consumer.handlers.HandlerRunner` (coroutine handlers run eagerly as
+tasks, plain functions in threads).
 """
 
 from __future__ import annotations
@@ -23,7 +23,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from smartnsq.dispatch import Dispatcher, GivingUp
+from smartnsq.client.options import ClientOptions
+from smartnsq.client.telemetry import Telemetry
+from smartnsq.consumer.dispatch import Dispatcher, GivingUp
+from smartnsq.consumer.handlers import Handler, HandlerRunner, is_coroutine_function
+from smartnsq.consumer.message import Message
+from smartnsq.consumer.subscriber import Subscriber
 from smartnsq.errors import (
     ClientClosedError,
     ConnectionClosedError,
@@ -32,16 +37,11 @@ from smartnsq.errors import (
     ValidationError,
 )
 from smartnsq.flow.backoff import BackoffPolicy, check_seconds
-from smartnsq.handlers import Handler, HandlerRunner, is_coroutine_function
-from smartnsq.message import Message
-from smartnsq.options import ClientOptions
+from smartnsq.flow.retry import Backoff
 from smartnsq.protocol import commands
 from smartnsq.protocol.commands import StartPosition
 from smartnsq.protocol.validation import check_channel, check_partition, check_topic
-from smartnsq.retry import Backoff
 from smartnsq.routing.addresses import AddressMapping
-from smartnsq.subscriber import Subscriber
-from smartnsq.telemetry import Telemetry
 from smartnsq.transport.connection import Compression
 from smartnsq.transport.lookup import LookupManager
 
@@ -495,7 +495,7 @@ class Consumer:
         if not dispatcher.inbox and self._state in ("started", "starting"):
             try:
                 await asyncio.wait_for(asyncio.shield(dispatcher.arrival()), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return []
         inbox = dispatcher.inbox
         if not inbox and self._fatal is not None:

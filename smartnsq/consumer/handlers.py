@@ -1,6 +1,6 @@
 """Running a consumer's handler on a message.
 
-A coroutine function runs eagerly, as a task (:mod:`smartnsq.eager`): no Task is created
+A coroutine function runs eagerly, as a task (:mod:`smartnsq.consumer.eager`): no Task is created
 unless it really waits, yet it has a current task and a context of its own from its first
 line. A plain function runs in worker threads, each call in a copy of the context (as
 ``asyncio.to_thread`` would run it). With OpenTelemetry on, each call is a ``process`` span,
@@ -26,9 +26,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from smartnsq.eager import run_eager
-from smartnsq.message import Message
-from smartnsq.telemetry import Telemetry, describe_process
+from smartnsq.client.telemetry import Telemetry, describe_process
+from smartnsq.consumer.eager import run_eager
+from smartnsq.consumer.message import Message
 
 __all__ = ["Done", "Handler", "HandlerRunner", "is_coroutine_function"]
 
@@ -91,7 +91,7 @@ class HandlerRunner:
             return True
         try:
             await asyncio.wait_for(pool.shutdown(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return True
 

@@ -20,8 +20,8 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from smartnsq import loops
 from smartnsq.errors import ClientClosedError, ForkedClientError, NSQTimeoutError
+from smartnsq.transport import loops
 
 __all__ = ["GRACE", "LoopThread", "call_plain"]
 

@@ -5,7 +5,7 @@ It composes the floors below: the lookup manager says where partitions live, the
 (``smartnsq.publishing.routes``) which partition or nsqd a publish goes to, the pool holds a
 connection per (nsqd, topic, partition), the codec (``smartnsq.publishing.wire``) turns a
 request into bytes and nsqd's answer into results, and the retry policy
-(``smartnsq.retry``) decides what to try again. What stays here is the lifecycle, the API,
+(``smartnsq.flow.retry``) decides what to try again. What stays here is the lifecycle, the API,
 the batching glue, the retries and the telemetry spans.
 """
 
@@ -21,7 +21,9 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
-from smartnsq.batching import Batcher
+from smartnsq.client.options import ClientOptions
+from smartnsq.client.telemetry import Telemetry, end_send_span, error_type
+from smartnsq.client.tracelog import log_publish
 from smartnsq.errors import (
     ClientClosedError,
     NoWritablePartitionError,
@@ -31,8 +33,9 @@ from smartnsq.errors import (
     UnsupportedFeatureError,
     ValidationError,
 )
-from smartnsq.logthrottle import LogThrottle
-from smartnsq.options import ClientOptions
+from smartnsq.flow.logthrottle import LogThrottle
+from smartnsq.flow.retry import Backoff, is_retriable, needs_lookup_refresh
+from smartnsq.producer.batching import Batcher
 from smartnsq.protocol.lookupd import TopicLayout
 from smartnsq.protocol.validation import (
     MAX_BODY_SIZE,
@@ -44,7 +47,6 @@ from smartnsq.protocol.validation import (
     check_trace_id,
     encode_ext,
 )
-from smartnsq.publish_result import PublishResult
 from smartnsq.publishing.request import (
     NO_KEY,
     PublishRequest,
@@ -52,14 +54,12 @@ from smartnsq.publishing.request import (
     ext_with_trace_id,
     new_trace_ids,
 )
+from smartnsq.publishing.result import PublishResult
 from smartnsq.publishing.routes import ANY_TOPIC, Route, Router
 from smartnsq.publishing.stats import ProducerStats
 from smartnsq.publishing.wire import PublishCodec
-from smartnsq.retry import Backoff, is_retriable, needs_lookup_refresh
 from smartnsq.routing.addresses import AddressMapping
 from smartnsq.routing.sharding import Sharder, ShardingStrategy
-from smartnsq.telemetry import Telemetry, end_send_span, error_type
-from smartnsq.tracelog import log_publish
 from smartnsq.transport.connection import Compression, Connection
 from smartnsq.transport.lookup import LookupManager
 from smartnsq.transport.pool import ConnectionPool
@@ -216,7 +216,7 @@ class Producer:
             timeout = self.connection_config.connect_timeout
             try:
                 await asyncio.wait_for(self._warm_up(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self._state = "new"
                 raise NSQTimeoutError(
                     f"the producer could not start within {timeout} s: {self._awaited()}"

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from smartnsq.message import Message
+from smartnsq.consumer.message import Message
 
 __all__ = ["dead_letter_record", "write_dead_letter"]
 

@@ -28,7 +28,7 @@ cdef object _FINISHED = 1
 
 
 def install(eager_task, enter_task, leave_task, current_task):
-    """The objects of ``smartnsq.eager`` that ``run_eager`` works with."""
+    """The objects of ``smartnsq.consumer.eager`` that ``run_eager`` works with."""
     global _EagerTask, _enter_task, _leave_task, _current_task
     _EagerTask = eager_task
     _enter_task = enter_task

@@ -1,7 +1,7 @@
 """The message a consumer hands to its handler (or yields when iterated).
 
 A message is answered through the subscription it came by (a
-:class:`~smartnsq.subscription.Subscription`), which knows what answers it, so this module
+:class:`~smartnsq.consumer.subscription.Subscription`), which knows what answers it, so this module
 stands below the consumer.
 """
 
@@ -11,9 +11,9 @@ import json
 from types import TracebackType
 from typing import Any
 
+from smartnsq.consumer.subscription import Subscription
 from smartnsq.flow.delivery import Delivery
 from smartnsq.protocol.message import EXT_VERSION_JSON, EXT_VERSION_TAG
-from smartnsq.subscription import Subscription
 
 __all__ = ["Message"]
 

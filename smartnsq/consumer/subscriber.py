@@ -21,6 +21,8 @@ from typing import Any, Protocol
 
 import httpx
 
+from smartnsq.consumer.message import Message
+from smartnsq.consumer.subscription import Answerer, Key, Subscription
 from smartnsq.errors import (
     NSQError,
     ServerError,
@@ -28,14 +30,12 @@ from smartnsq.errors import (
     UnsupportedFeatureError,
     ValidationError,
 )
-from smartnsq.message import Message
+from smartnsq.flow.retry import Backoff, is_retriable, needs_lookup_refresh
 from smartnsq.protocol import commands
 from smartnsq.protocol.commands import StartPosition
 from smartnsq.protocol.lookupd import Node, TopicLayout
 from smartnsq.protocol.message import MessageFrame, MessageLayout
 from smartnsq.protocol.responses import OK
-from smartnsq.retry import Backoff, is_retriable, needs_lookup_refresh
-from smartnsq.subscription import Answerer, Key, Subscription
 from smartnsq.transport.connection import Connection, ConnectionConfig
 from smartnsq.transport.httpclient import new_http_client
 from smartnsq.transport.lookup import LookupManager

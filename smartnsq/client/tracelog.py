@@ -16,8 +16,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from smartnsq.message import Message
-    from smartnsq.publish_result import PublishResult
+    from smartnsq.consumer.message import Message
+    from smartnsq.publishing.result import PublishResult
 
 __all__ = ["TRACE_LOGGER", "format_fields", "log_consume", "log_publish"]
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-import sys
 import types
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any
@@ -272,10 +271,7 @@ class EagerTask:
             extras.cancel_due = False
             yielded.cancel(extras.cancel_message)  # what a Task does to its waiter
         carry = _carry(self, yielded, done, arg)
-        if sys.version_info >= (3, 11):
-            self._carrier = self._loop.create_task(carry, context=self._context)
-        else:  # the Task copies the context it is created in
-            self._carrier = self._context.run(self._loop.create_task, carry)
+        self._carrier = self._loop.create_task(carry, context=self._context)
 
     def _over(self, error: BaseException | None) -> None:
         if error is None:
@@ -352,7 +348,7 @@ def _resume(task: EagerTask, yielded: Any) -> Generator[Any, Any, Any]:
 # The compiled twin, where it was built (and SMARTNSQ_PURE is not set): the same steps, the
 # first send into the coroutine done in C (no StopIteration, no context.run call).
 pure_run_eager = run_eager
-_twin = compiled("smartnsq._eager_speedups")
+_twin = compiled("smartnsq.consumer._eager_speedups")
 if _twin is not None:
     _twin.install(EagerTask, _enter_task, _leave_task, _current_task)
     run_eager = _twin.run_eager

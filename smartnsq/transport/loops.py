@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -49,29 +48,5 @@ def loop_name(loop: asyncio.AbstractEventLoop) -> str:
 
 def run(main: Coroutine[Any, Any, T], *, debug: bool | None = None) -> T:
     """``asyncio.run(main)`` on a loop from :func:`new_event_loop`."""
-    if sys.version_info >= (3, 11):
-        with asyncio.Runner(debug=debug, loop_factory=new_event_loop) as runner:
-            return runner.run(main)
-    loop = new_event_loop()  # pragma: no cover - Python 3.10
-    try:
-        asyncio.set_event_loop(loop)
-        if debug is not None:
-            loop.set_debug(debug)
-        return loop.run_until_complete(main)
-    finally:
-        try:
-            _cancel_all(loop)
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.run_until_complete(loop.shutdown_default_executor())
-        finally:
-            asyncio.set_event_loop(None)
-            loop.close()
-
-
-def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:  # pragma: no cover - Python 3.10
-    """What ``asyncio.run`` does on the way out: cancel what is left and let it unwind."""
-    tasks = asyncio.all_tasks(loop)
-    for task in tasks:
-        task.cancel()
-    if tasks:
-        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+    with asyncio.Runner(debug=debug, loop_factory=new_event_loop) as runner:
+        return runner.run(main)
