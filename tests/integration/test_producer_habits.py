@@ -10,8 +10,8 @@ import logging
 import pytest
 
 from smartnsq import errors as e
-from smartnsq import producer as producer_module
 from smartnsq.flow.retry import Backoff
+from smartnsq.producer import producer as producer_module
 from smartnsq.producer.producer import DEFAULT_PUBLISH_TIMEOUT, Producer, ProducerStats
 from smartnsq.testing import Cluster
 
