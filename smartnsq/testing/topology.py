@@ -24,6 +24,7 @@ from smartnsq.protocol.validation import check_auto_create, check_channel, check
 from smartnsq.testing.changes import Changes
 from smartnsq.testing.directory import Directory
 from smartnsq.testing.errors import ClusterError
+from smartnsq.testing.placement import NodeLoad, place_topic
 from smartnsq.testing.state import (
     Channel,
     ChannelCopy,
@@ -189,8 +190,9 @@ class Topology:
         runs. ``channels`` are registered. With ``strict_placement``, partitions x replicas
         may not exceed the live nodes unless several partitions may share a node, as the
         real lookupd checks. ``placement`` maps partition -> nodes, leader first; by default
-        see :func:`_default_placement`. With ``awaiting_check`` (nsqlookupd's own creation)
-        the partitions take writes only after the next topic check (:meth:`run_topic_check`).
+        they are placed as nsqlookupd places them (:mod:`~smartnsq.testing.placement`). With
+        ``awaiting_check`` (nsqlookupd's own creation) the partitions take writes only after
+        the next topic check (:meth:`run_topic_check`).
 
         TopicRefused (nsqlookupd's texts) for a topic that exists with another shape, and
         for one it cannot place."""
@@ -230,8 +232,8 @@ class Topology:
             return existing
         if partitions >= 255:
             raise TopicRefused("max partition allowed exceed")
-        # The Python API is lenient: more partitions x replicas than nodes are placed
-        # round-robin (tests want small clusters), but every replica needs a node.
+        # The Python API is lenient: more partitions x replicas than nodes share nodes, as a
+        # multi-part topic's do (tests want small clusters), but every replica needs a node.
         if replicas > len(alive):
             raise ClusterError(f"{replicas} replicas need as many live nodes ({len(alive)} alive)")
         topic = Topic(
@@ -246,7 +248,13 @@ class Topology:
         if placement is not None:
             self._check_placement(placement, partitions, replicas)
         else:
-            placement = _default_placement(alive, partitions, replicas, ordered or multi_part)
+            placement = place_topic(
+                name,
+                self._node_loads(alive),
+                partitions=partitions,
+                replicas=replicas,
+                multi=ordered or multi_part,
+            )
         for pid in range(partitions):
             members = list(placement[pid])
             log_ = PartitionLog(pid, ext=ext, classic=False, topic_name=name)
@@ -261,6 +269,18 @@ class Topology:
             self.register_channel(name, channel)
         self._changes.changed()
         return topic
+
+    def _node_loads(self, alive: Sequence[int]) -> list[NodeLoad]:
+        """What each live node leads and holds, as its topic statistics tell nsqlookupd."""
+        parts = [p for t in self.topics.values() for p in t.partitions.values()]
+        return [
+            NodeLoad(
+                node,
+                leads=sum(1 for p in parts if p.leader == node),
+                holds=sum(1 for p in parts if node in p.replicas),
+            )
+            for node in alive
+        ]
 
     def _check_placement(
         self, placement: Mapping[int, Sequence[int]], partitions: int, replicas: int
@@ -646,22 +666,3 @@ class Topology:
         if alive:
             self._set_leader(partition, alive[0])
         # else: no replica left; the dead leader leads again when it comes back
-
-
-def _default_placement(
-    alive: Sequence[int], partitions: int, replicas: int, multi: bool
-) -> dict[int, list[int]]:
-    """partition -> nodes, leader first, as nsqlookupd's allocTopicLeaderAndISR places a new
-    topic: a plain topic on nodes of its own (no node holds two of its partitions), the
-    leaders first, then each partition's other replicas on the next unused nodes. An ordered
-    or multi-part topic (``multi``), or a plain one too big for that (which only the lenient
-    Python API creates), goes round-robin over the live nodes, so partitions share nodes."""
-    if not multi and partitions * replicas <= len(alive):
-        spare = iter(alive[partitions:])
-        return {
-            pid: [alive[pid], *(next(spare) for _ in range(replicas - 1))]
-            for pid in range(partitions)
-        }
-    return {
-        pid: [alive[(pid + k) % len(alive)] for k in range(replicas)] for pid in range(partitions)
-    }
