@@ -7,6 +7,17 @@ the leader's consume offset once the leader syncs it (on a FIN, or at once for a
 registered through nsqlookupd). When the leadership moves, the new leader serves the channels
 it holds, each from its confirmed position. Classic: each nsqd holds its own topics.
 
+The rules are youzan's (youzan/nsq 0.3.7-HA.1.13.0, package ``consistence``): where a new
+topic goes is :mod:`~smartnsq.testing.placement`; a partition takes writes while more than
+half of its replicas are in sync (``coordData.IsISRReadyForWrite``, topic_coordinator.go,
+checked by ``NsqdCoordinator.doSyncOpToCluster``, nsqd_coordinator_cluster_write.go); a
+leader that is lost is replaced by a live in-sync replica (nsqlookupd's
+``NsqLookupCoordinator.handleTopicLeaderElection``, nsqlookup_coordinator.go, choosing with
+``DataPlacement.chooseNewLeaderFromISR``); an operator moves a partition with
+``MoveTopicPartitionDataByManual`` (nsqlookup_coord_api.go). How long a real failover takes
+is known from running one (docs/protocol.md#leader-change-timings); here it is
+``failover_delay``.
+
 No servers and no sockets here. What the servers must do about a change (close the consumers
 of a log on a node) goes through the ``detach_consumers`` callback; whether a node runs is
 read from the :class:`~smartnsq.testing.directory.Directory`; timers (channel pumps,
@@ -459,8 +470,8 @@ class Topology:
     # ------------------------------------------------------------------ leadership
 
     def _quorum(self, partition: Partition) -> int:
-        # youzan refuses writes unless the in-sync replicas are a majority of the topic's
-        # replica count (2 replicas: both; 3: two).
+        # youzan refuses writes unless the in-sync replicas are more than half the topic's
+        # replica count (2 replicas: both; 3: two): IsISRReadyForWrite, topic_coordinator.go.
         return partition.topic.replica // 2 + 1
 
     def _alive_replicas(self, partition: Partition) -> list[int]:
@@ -615,8 +626,9 @@ class Topology:
         self._changes.changed()
 
     def node_started(self, index: int) -> None:
-        """Node ``index`` is back: it rejoins its partitions as a replica (and leads those
-        that had no live replica); its classic topics serve again."""
+        """Node ``index`` is back: it rejoins its partitions as a replica, as a restarted
+        youzan leader was seen to (docs/protocol.md#leader-change-timings), and leads those
+        that had no live replica; its classic topics serve again."""
         for topic in self.topics.values():
             for part in topic.partitions.values():
                 if index not in part.replicas:
@@ -658,6 +670,13 @@ class Topology:
             pending.cancel()
 
     def _failover(self, partition: Partition) -> None:
+        """The lost leader's replacement: the first live replica in the partition's order.
+        youzan's chooseNewLeaderFromISR takes, among the live in-sync replicas with the
+        newest commit log, the least loaded (by its leader load factor; for an ordered or
+        multi-part topic, the next in its rotation). The emulator's replicas share one log, so
+        all are equally new, and it keeps the partition's order: for a topic it placed, the
+        rotation's order for an ordered one, the order the followers were chosen for a plain
+        one."""
         self._failovers.pop((partition.topic.name, partition.id), None)
         leader = partition.leader
         if leader is not None and self._nodes[leader].running:
