@@ -1,7 +1,8 @@
 """An embedded NSQ cluster (youzan HA or classic) for tests, demos and local development.
 
 It serves real TCP and HTTP on 127.0.0.1 with OS-chosen ports and answers like the real
-servers recorded in the project's captures. It is an emulator, not a production broker.
+servers: as their source says (youzan/nsq 0.3.7-HA.1.13.0, nsqio/nsq v1.3.0) and as they were
+seen to behave (docs/protocol.md). It is an emulator, not a production broker.
 
 The names below are imported on first use: the pytest plugin lives in this package and is
 loaded by every pytest run, which should not pay for asyncio and the cluster's modules.

@@ -2,7 +2,8 @@
 
 youzan nsqlookupd writes a new topic's placement at once (its partitions have leaders), but
 the leaders take writes only once a *full topic check* has enabled them. The checks run
-(nsqlookupd_coord.go, checkTopics):
+(``NsqLookupCoordinator.checkTopics``, consistence/nsqlookup_coordinator.go, youzan/nsq
+0.3.7-HA.1.13.0):
 
 * when the nsqd nodes join, as the cluster starts;
 * on a ticker of ``interval`` (``doCheckInterval``, 60 s), skipped when the last full check is
@@ -12,8 +13,8 @@ the leaders take writes only once a *full topic check* has enabled them. The che
   check is more recent than a tenth of ``interval`` (6 s): then the request is dropped.
 
 So a topic created right after the cluster starts stays unwritable until a tick runs a check
-(docker_real_images.txt: ~112 s), and posting ``/topic/create`` again once 6 s have passed
-makes it writable about a second later.
+(about 112 s: docs/protocol.md#topic-check-delay), and posting ``/topic/create`` again once
+6 s have passed makes it writable about a second later.
 
 Nothing here knows the topics: a check calls ``run_check``, and every check or dropped request
 ``changed``. Timers come from the loop given at :meth:`TopicChecks.start`.

@@ -376,11 +376,11 @@ class Cluster:
         may then subscribe to registered channels only. Without channels, a consumer's SUB
         creates its channel, at the topic's end and on the partition leader only.
         ``placement`` maps partition -> nodes holding it, leader first. By default they are
-        placed as nsqlookupd places them: a plain topic's partitions on nodes of their own
-        (a node holding a replica of one leads none of the others), an ordered or
-        multi-part one, or a plain one bigger than the cluster (which a real nsqlookupd
-        refuses; this API allows it for small test clusters), round-robin over the live
-        nodes.
+        placed as nsqlookupd places them (:mod:`~smartnsq.testing.placement`): a plain
+        topic's partitions on nodes of their own, led by the least loaded live nodes (so
+        leadership spreads as topics are created); an ordered or multi-part one, or a plain
+        one bigger than the cluster (which a real nsqlookupd refuses; this API allows it for
+        small test clusters), round the live nodes from a start its name's hash picks.
         """
         topic = self.create_topic_now(
             name,

@@ -97,7 +97,7 @@ _LOG_LINES = 10  # how much of a container's log an error shows
 _LOG_SCAN = 200  # how much of it is searched for the lines below
 # Log lines after which the process stays up but never serves: waiting is pointless.
 # youzan nsqlookupd (and older nsqd) with a wildcard --tcp-address host and no broadcast
-# interface (docker_real_images.txt).
+# interface (docs/protocol.md#nsqlookupd-and-the-broadcast-address).
 _NEVER_SERVES = ("can not decide the broadcast ip",)
 
 
@@ -716,8 +716,8 @@ class YouzanContainerCluster(ContainerCluster):
     # The TCP addresses have an empty host (all interfaces): youzan nsqlookupd (and older nsqd)
     # take the IP they register from that host and fall back to --broadcast-address only
     # when it is empty; with 0.0.0.0, nsqlookupd logs "can not decide the broadcast ip" and
-    # never serves (docker_real_images.txt). Every flag is one of apps/nsqlookupd and
-    # apps/nsqd of youzan/nsq.
+    # never serves (docs/protocol.md#nsqlookupd-and-the-broadcast-address). Every flag is one
+    # of apps/nsqlookupd and apps/nsqd of youzan/nsq.
 
     def lookupd_command(self) -> list[str]:
         """nsqlookupd's command line."""

@@ -75,7 +75,8 @@ class NsqdEntry:
     http_port: int = 0
     running: bool = False
     # A stand-in for the ephemeral port of nsqd's connection to nsqlookupd: it changes on
-    # every restart, like the "id"/"remote_address" lookupd reports.
+    # every restart, like the "id"/"remote_address" lookupd reports
+    # (docs/protocol.md#node-ids-in-lookups).
     registration_port: int = 0
 
 

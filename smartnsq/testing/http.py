@@ -1,5 +1,7 @@
 """A small asyncio HTTP/1.1 server for the emulated nsqlookupd and nsqd HTTP APIs, and the
-NSQ response envelopes (PROTOCOL.md section 8.1).
+NSQ response envelopes (internal/http_api/api_response.go: ``NegotiateVersion``, ``V1`` and
+``PlainText`` in youzan/nsq 0.3.7-HA.1.13.0; nsqio/nsq v1.3.0 has ``V1`` and ``PlainText``
+only).
 
 Only what the NSQ APIs need: request line, headers, ``Content-Length`` bodies, keep-alive.
 """

@@ -1,5 +1,7 @@
-"""Emulated nsqlookupd HTTP API, youzan HA flavour or classic nsqlookupd 1.3 (PROTOCOL.md
-section 8).
+"""Emulated nsqlookupd HTTP API, youzan HA flavour or classic nsqlookupd 1.3: the handlers of
+``nsqlookupd/http.go`` in youzan/nsq 0.3.7-HA.1.13.0 (``doLookup``, ``doListLookup``,
+``doTopics``, ``doChannels``, ``doNodes``, ``doInfo`` and the operator endpoints below) and in
+nsqio/nsq v1.3.0 (``doLookup``, ``doTopics``, ``doChannels``, ``doNodes``, ``doInfo``).
 
 Every lookupd of a cluster answers from the shared cluster state (real lookupds converge
 through etcd); a lookupd can be *frozen* to keep answering from a snapshot, which is how tests
@@ -8,26 +10,30 @@ make lookupds disagree.
 Registrations follow the youzan nsqd: a partition leader registers the partition (and its
 channels) only while it can take writes. So a partition without a writable leader is missing
 from write lookups and its channels from every answer, while read lookups still name its
-current leader (nsqlookupd fills missing partitions from the coordinator for consumers);
-``leader_change_*`` recordings show exactly this.
+current leader (nsqlookupd fills missing partitions from the coordinator for consumers:
+``tryFindRegsForConsumer``), as seen during leader changes
+(docs/protocol.md#leader-change-timings).
 
 youzan operator endpoints (v1, on the leader lookupd), beside ``/topic/create`` and
 ``/disable/write``:
 
-* ``POST /topic/partition/move?topic=&partition=&move_leader=true[&move_from=][&move_to=]``:
-  the same implementation as :meth:`Cluster.move_leader`. ``move_from``/``move_to`` name nsqd
-  nodes by their ``distributed_id`` (as lookups report it, the real servers' node id), by
-  ``host:tcp_port`` or by node number. ``move_from`` defaults to the leader, ``move_to`` to
-  the next live replica. Without ``move_leader=true`` a replica's data moves from
-  ``move_from`` to ``move_to``. The answer comes once the move is done.
-* ``POST /topic/delete?topic=&partition=**``.
-* ``POST /channel/create?topic=&channel=``: registers a channel of a topic created with
-  ``disable_channel_auto_create=true``.
-* ``GET /cluster/stats``: ``{"stable", "node_stat_list": [{"hostname", "broadcast_address",
-  "tcp_port", "http_port", "leader_load_factor", "node_load_factor"}], "topn_topics": []}``
-  as the real lookupd; the emulated load factors are the numbers of partitions a node leads
-  (writably) and holds. ``stable``: every partition has a live, writable leader and no
-  failover is pending.
+* ``POST /topic/partition/move?topic=&partition=&move_leader=true[&move_from=][&move_to=]``
+  (``doMoveTopicParition``, then the coordinator's ``MoveTopicPartitionDataByManual`` in
+  consistence/nsqlookup_coord_api.go): the same implementation as :meth:`Cluster.move_leader`.
+  ``move_from``/``move_to`` name nsqd nodes by their ``distributed_id`` (as lookups report
+  it, the real servers' node id), by ``host:tcp_port`` or by node number. ``move_from``
+  defaults to the leader, ``move_to`` to the next live replica. Without
+  ``move_leader=true`` a replica's data moves from ``move_from`` to ``move_to``. The answer
+  comes once the move is done.
+* ``POST /topic/delete?topic=&partition=**`` (``doDeleteTopic``).
+* ``POST /channel/create?topic=&channel=`` (``doCreateChannel``): registers a channel of a
+  topic created with ``disable_channel_auto_create=true``.
+* ``GET /cluster/stats`` (``doClusterStats``): ``{"stable", "node_stat_list": [{"hostname",
+  "broadcast_address", "tcp_port", "http_port", "leader_load_factor", "node_load_factor"}],
+  "topn_topics": []}`` as the real lookupd; the emulated load factors are the numbers of
+  partitions a node leads (writably) and holds, where the real ones weigh data and traffic
+  (``NsqLookupCoordinator.GetClusterNodeLoadFactor``). ``stable``: every partition has a
+  live, writable leader and no failover is pending.
 """
 
 from __future__ import annotations
@@ -249,8 +255,8 @@ class LookupdNode:
 
     def _partition_channels(self, part: Partition) -> set[str]:
         """The channels live nodes hold for a partition: every nsqd registers its own (the
-        leader's live ones, and the copies on replicas; the leader_change recordings list the
-        channels of a rejoined old leader)."""
+        leader's live ones, and the copies on replicas; write lookups list the channels of an
+        old leader that rejoined: docs/protocol.md#leader-change-timings)."""
         nodes = self.directory.nsqds
         held: set[str] = set()
         if part.leader is not None and nodes[part.leader].running:
@@ -425,6 +431,7 @@ class LookupdNode:
             raise ApiError(400, NOT_LEADER)
 
     def _cluster_stats(self, request: Request) -> dict[str, Any]:
+        """nsqlookupd doClusterStats, on the leader lookupd only."""
         self._require_leader()
         directory = self.directory
         partitions = [p for t in self.topology.topics.values() for p in t.partitions.values()]
@@ -560,6 +567,8 @@ class LookupdNode:
         self.topology.register_channel(name, channel)
 
     def _disable_write(self, request: Request) -> None:
+        """nsqlookupd doDisableClusterWrite: ``type=all`` or ``ordered``, anything else
+        enables writes again."""
         self._require_leader()
         kind = request.arg("type") or ""
         self.directory.write_disabled = kind if kind in ("all", "ordered") else ""

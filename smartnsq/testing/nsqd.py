@@ -2,8 +2,10 @@
 
 Each client connection is a :class:`ClientSession`: it parses commands with the protocol
 floor's server-side parser, answers with the same frames, error strings and fatal/non-fatal
-behaviour as the real servers recorded in ``../shared/captures``, and receives messages from
-the channels it subscribes to. Nothing of the client's transport is used here.
+behaviour as the real servers (youzan/nsq 0.3.7-HA.1.13.0 ``nsqdserver/protocol_v2.go``,
+nsqio/nsq v1.3.0 ``nsqd/protocol_v2.go``; what only shows when they run is in
+docs/protocol.md), and receives messages from the channels it subscribes to. Nothing of the
+client's transport is used here.
 
 Malformed commands are answered as the servers' ``protocol_v2.go`` answers them: the same
 checks in the same order, the same code and text, fatal (the connection closes after the
@@ -114,7 +116,8 @@ _pack_plain_head = struct.Struct(">iiqH").pack
 
 @dataclass
 class NodeSettings:
-    """Server options; defaults are the real servers' (PROTOCOL.md section 11)."""
+    """Server options; defaults are the real servers' (``NewOptions`` in nsqd/options.go of
+    youzan/nsq 0.3.7-HA.1.13.0 and nsqio/nsq v1.3.0)."""
 
     youzan: bool = True
     max_msg_size: int = 1024 * 1024
@@ -138,7 +141,8 @@ class NodeSettings:
 
     @property
     def read_deadline_factor(self) -> int:
-        # youzan allows 3 missed heartbeats, classic 2 (PROTOCOL.md section 1).
+        # youzan allows 3 missed heartbeats, classic 2: the read deadline protocolV2.IOLoop
+        # sets (nsqdserver/protocol_v2.go in youzan/nsq, nsqd/protocol_v2.go in nsqio/nsq).
         return 3 if self.youzan else 2
 
 
@@ -655,7 +659,8 @@ class ClientSession(asyncio.BufferedProtocol):
         self, tls: bool, snappy: bool, deflate: bool, deflate_level: int, *, reply: bytes
     ) -> None:
         """Send the IDENTIFY answer in the clear, then TLS, snappy or deflate, each followed
-        by an ``OK`` in the upgraded stream (PROTOCOL.md section 2.3)."""
+        by an ``OK`` in the upgraded stream (protocolV2.IDENTIFY in protocol_v2.go, youzan/nsq
+        0.3.7-HA.1.13.0 and nsqio/nsq v1.3.0)."""
         self._write(encode_response(reply))
         self._flush()
         if not (tls or snappy or deflate):

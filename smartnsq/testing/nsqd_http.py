@@ -1,8 +1,10 @@
-"""Emulated nsqd HTTP API (PROTOCOL.md section 8.5), youzan HA flavour or classic nsqd 1.3.
+"""Emulated nsqd HTTP API, youzan HA flavour or classic nsqd 1.3.
 
-Answers follow the real servers (``nsqd_http_pub_responses.txt``, ``nsqd_stats_ptest.v1.json``
-and the nsqd sources): the same order of checks, statuses, envelopes and error strings. The
-publishing rules themselves live in :mod:`smartnsq.testing.publish`, shared with TCP.
+Answers follow the real servers' handlers: youzan/nsq 0.3.7-HA.1.13.0 ``nsqdserver/http.go``
+(``doPUB``, ``doPUBExt``, ``doPUBTrace``, ``doMPUB``, ``doStats``, ``doCreateChannel``,
+``doSetChannelOffset``) and nsqio/nsq v1.3.0 ``nsqd/http.go``: the same order of checks,
+statuses, envelopes and error strings. The publishing rules themselves live in
+:mod:`smartnsq.testing.publish`, shared with TCP.
 
 youzan: ``GET /ping``, ``GET /info``, ``POST /pub``, ``/pub_ext``, ``/mpub`` (negotiated
 envelope), ``POST /pubtrace`` (v1), ``GET /stats`` (negotiated), ``POST /channel/create`` (v1),
@@ -268,8 +270,8 @@ class NsqdHttpApi:
             raise _error(413, exc) from None
 
     def _channel_create(self, request: Request) -> None:
-        """Creates the channel on one partition; only its leader may (recorded: replicas
-        answer 400 E_FAILED_ON_NOT_LEADER)."""
+        """Creates the channel on one partition; only its leader may (youzan's
+        doCreateChannel: a replica answers 400 E_FAILED_ON_NOT_LEADER)."""
         _, partition = self._topic_partition(request, channel=True)
         try:
             check_leader(partition, self.node.index)

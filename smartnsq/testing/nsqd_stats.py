@@ -1,9 +1,10 @@
-"""``GET /stats`` of the emulated nsqd, in the youzan shape (``nsqd_stats_ptest.v1.json``) or
-the classic nsqd 1.3 one.
+"""``GET /stats`` of the emulated nsqd, in the youzan shape (``doStats`` in nsqdserver/http.go
+and the stats types of nsqd/stats.go, youzan/nsq 0.3.7-HA.1.13.0) or the classic nsqd 1.3
+one (nsqio/nsq v1.3.0, nsqd/http.go and nsqd/stats.go).
 
 The meaningful figures come from the cluster state (depths, in-flight, requeue and timeout
 counts, message counts, clients, leadership); figures the emulator does not model (latency
-histograms, hourly sizes, delayed queues) are zeros of the recorded types.
+histograms, hourly sizes, delayed queues) are zeros of the types youzan's stats have.
 """
 
 from __future__ import annotations

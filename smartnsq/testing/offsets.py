@@ -1,9 +1,9 @@
-"""Consume positions of youzan channels (PROTOCOL.md sections 3.3 and 8.5): the
-``<type>:<value>`` that ``POST /channel/setoffset`` and SUB_ADVANCED take, where each lands in
-a partition's queue, and what moving a live channel does.
+"""Consume positions of youzan channels: the ``<type>:<value>`` that ``POST
+/channel/setoffset`` and SUB_ADVANCED take, where each lands in a partition's queue, and what
+moving a live channel does.
 
-The rules and error texts are youzan nsqd's (repository youzan/nsq); what a read after a
-seek delivers was measured (``channel_setoffset.txt``):
+The rules and error texts are youzan nsqd's (youzan/nsq 0.3.7-HA.1.13.0); what a read after a
+seek delivers was observed (docs/protocol.md#reading-after-a-seek):
 
 * :func:`parse_position` is ``ConsumeOffset.FromBytes`` (nsqdserver/protocol_v2.go): exactly
   one ``:``, one of four types, a decimal int64 (``strconv.ParseInt``'s error text otherwise).
@@ -20,15 +20,15 @@ seek delivers was measured (``channel_setoffset.txt``):
   replicas, which create the channel if they lack it (``SetChannelConsumeOffsetToCluster`` and
   ``updateChannelOffsetOnSlave``). A replica that is down keeps its old copy until the next
   sync (the emulator's in-sync replicas are the live ones).
-* After an HTTP seek, delivery is not in queue order: the capture saw b24, b31, b12... after a
-  seek to b10, and a0..b49 in the order a9, a4, a10... after ``msgcount:0``. nsqd re-reads the
+* After an HTTP seek, delivery is not in queue order: b24, b31, b12... were seen after a seek
+  to b10, and a0..b49 in the order a9, a4, a10... after ``msgcount:0``. nsqd re-reads the
   queue while messages drained from the old position still pass through its requeue paths
   (Go maps, iterated in random order), so the order depends on timing. The emulator models it
   deterministically: the first :data:`REREAD_WINDOW` messages from the new position go out in
   a shuffled order, seeded by the channel and the position, never in queue order when there
   are two or more of them; the rest follow in queue order. An ordered channel keeps its order
   (nsqd resets its reader to the confirmed position on any message out of order), and so does
-  SUB_ADVANCED's start position, recorded in order (``tcp_sub_advanced.txt``).
+  SUB_ADVANCED's start position, seen delivered in order (same section).
 """
 
 from __future__ import annotations

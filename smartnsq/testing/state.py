@@ -148,7 +148,8 @@ class PartitionLog:
         self.had_channel = False
         self.records: list[Record] = []
         self.end_offset = 0
-        # The captures show a fresh youzan partition numbering its first message 2.
+        # A fresh youzan partition numbers its first message 2
+        # (docs/protocol.md#first-message-id).
         self._sequence = itertools.count(1 if classic else 2)
         self.channels: dict[str, Channel] = {}
 
@@ -281,17 +282,18 @@ class Channel:
     in flight, strictly in queue order; REQ delays are ignored.
 
     youzan: when a channel turns ordered for the first time while a message waits for
-    delivery, that message goes out twice, same id and attempts. (nsqd's SetOrdered resets
-    the channel's reader to the confirmed position while the message already read waits for
-    a client: it is sent, then read and sent again; sub_ordered_first_delivery_twice.txt. A
-    channel with nothing to deliver at that moment sends each message once: tcp_sub_ordered.txt.)
-    Only one copy is in flight: the second FIN of its id fails.
+    delivery, that message goes out twice, same id and attempts. (``Channel.SetOrdered``,
+    nsqd/channel.go, resets the channel's reader to the confirmed position while the message
+    already read waits for a client: it is sent, then read and sent again. A channel with
+    nothing to deliver at that moment sends each message once:
+    docs/protocol.md#first-ordered-delivery.) Only one copy is in flight: the second FIN of
+    its id fails.
 
     With ``late_echo`` (a fault, ``Cluster.set_ordered_echo_late``), nsqd puts the second copy
     in flight only after the client's first answer to that id arrived, as youzan sometimes
-    does (about 3 fresh channels in 20, docker_real_images.txt item 6): that first FIN (REQ,
-    TOUCH) fails as not in flight, and the message is then in flight, holding the partition
-    until it is answered again or its msg_timeout passes.
+    does (about 3 fresh channels in 20: docs/protocol.md#a-fin-before-the-second-copy): that
+    first FIN (REQ, TOUCH) fails as not in flight, and the message is then in flight, holding
+    the partition until it is answered again or its msg_timeout passes.
     """
 
     def __init__(

@@ -7,6 +7,17 @@ the leader's consume offset once the leader syncs it (on a FIN, or at once for a
 registered through nsqlookupd). When the leadership moves, the new leader serves the channels
 it holds, each from its confirmed position. Classic: each nsqd holds its own topics.
 
+The rules are youzan's (youzan/nsq 0.3.7-HA.1.13.0, package ``consistence``): where a new
+topic goes is :mod:`~smartnsq.testing.placement`; a partition takes writes while more than
+half of its replicas are in sync (``coordData.IsISRReadyForWrite``, topic_coordinator.go,
+checked by ``NsqdCoordinator.doSyncOpToCluster``, nsqd_coordinator_cluster_write.go); a
+leader that is lost is replaced by a live in-sync replica (nsqlookupd's
+``NsqLookupCoordinator.handleTopicLeaderElection``, nsqlookup_coordinator.go, choosing with
+``DataPlacement.chooseNewLeaderFromISR``); an operator moves a partition with
+``MoveTopicPartitionDataByManual`` (nsqlookup_coord_api.go). How long a real failover takes
+is known from running one (docs/protocol.md#leader-change-timings); here it is
+``failover_delay``.
+
 No servers and no sockets here. What the servers must do about a change (close the consumers
 of a log on a node) goes through the ``detach_consumers`` callback; whether a node runs is
 read from the :class:`~smartnsq.testing.directory.Directory`; timers (channel pumps,
@@ -24,6 +35,7 @@ from smartnsq.protocol.validation import check_auto_create, check_channel, check
 from smartnsq.testing.changes import Changes
 from smartnsq.testing.directory import Directory
 from smartnsq.testing.errors import ClusterError
+from smartnsq.testing.placement import NodeLoad, place_topic
 from smartnsq.testing.state import (
     Channel,
     ChannelCopy,
@@ -189,8 +201,9 @@ class Topology:
         runs. ``channels`` are registered. With ``strict_placement``, partitions x replicas
         may not exceed the live nodes unless several partitions may share a node, as the
         real lookupd checks. ``placement`` maps partition -> nodes, leader first; by default
-        see :func:`_default_placement`. With ``awaiting_check`` (nsqlookupd's own creation)
-        the partitions take writes only after the next topic check (:meth:`run_topic_check`).
+        they are placed as nsqlookupd places them (:mod:`~smartnsq.testing.placement`). With
+        ``awaiting_check`` (nsqlookupd's own creation) the partitions take writes only after
+        the next topic check (:meth:`run_topic_check`).
 
         TopicRefused (nsqlookupd's texts) for a topic that exists with another shape, and
         for one it cannot place."""
@@ -230,8 +243,8 @@ class Topology:
             return existing
         if partitions >= 255:
             raise TopicRefused("max partition allowed exceed")
-        # The Python API is lenient: more partitions x replicas than nodes are placed
-        # round-robin (tests want small clusters), but every replica needs a node.
+        # The Python API is lenient: more partitions x replicas than nodes share nodes, as a
+        # multi-part topic's do (tests want small clusters), but every replica needs a node.
         if replicas > len(alive):
             raise ClusterError(f"{replicas} replicas need as many live nodes ({len(alive)} alive)")
         topic = Topic(
@@ -246,7 +259,13 @@ class Topology:
         if placement is not None:
             self._check_placement(placement, partitions, replicas)
         else:
-            placement = _default_placement(alive, partitions, replicas, ordered or multi_part)
+            placement = place_topic(
+                name,
+                self._node_loads(alive),
+                partitions=partitions,
+                replicas=replicas,
+                multi=ordered or multi_part,
+            )
         for pid in range(partitions):
             members = list(placement[pid])
             log_ = PartitionLog(pid, ext=ext, classic=False, topic_name=name)
@@ -261,6 +280,18 @@ class Topology:
             self.register_channel(name, channel)
         self._changes.changed()
         return topic
+
+    def _node_loads(self, alive: Sequence[int]) -> list[NodeLoad]:
+        """What each live node leads and holds, as its topic statistics tell nsqlookupd."""
+        parts = [p for t in self.topics.values() for p in t.partitions.values()]
+        return [
+            NodeLoad(
+                node,
+                leads=sum(1 for p in parts if p.leader == node),
+                holds=sum(1 for p in parts if node in p.replicas),
+            )
+            for node in alive
+        ]
 
     def _check_placement(
         self, placement: Mapping[int, Sequence[int]], partitions: int, replicas: int
@@ -439,8 +470,8 @@ class Topology:
     # ------------------------------------------------------------------ leadership
 
     def _quorum(self, partition: Partition) -> int:
-        # youzan refuses writes unless the in-sync replicas are a majority of the topic's
-        # replica count (2 replicas: both; 3: two).
+        # youzan refuses writes unless the in-sync replicas are more than half the topic's
+        # replica count (2 replicas: both; 3: two): IsISRReadyForWrite, topic_coordinator.go.
         return partition.topic.replica // 2 + 1
 
     def _alive_replicas(self, partition: Partition) -> list[int]:
@@ -595,8 +626,9 @@ class Topology:
         self._changes.changed()
 
     def node_started(self, index: int) -> None:
-        """Node ``index`` is back: it rejoins its partitions as a replica (and leads those
-        that had no live replica); its classic topics serve again."""
+        """Node ``index`` is back: it rejoins its partitions as a replica, as a restarted
+        youzan leader was seen to (docs/protocol.md#leader-change-timings), and leads those
+        that had no live replica; its classic topics serve again."""
         for topic in self.topics.values():
             for part in topic.partitions.values():
                 if index not in part.replicas:
@@ -638,6 +670,13 @@ class Topology:
             pending.cancel()
 
     def _failover(self, partition: Partition) -> None:
+        """The lost leader's replacement: the first live replica in the partition's order.
+        youzan's chooseNewLeaderFromISR takes, among the live in-sync replicas with the
+        newest commit log, the least loaded (by its leader load factor; for an ordered or
+        multi-part topic, the next in its rotation). The emulator's replicas share one log, so
+        all are equally new, and it keeps the partition's order: for a topic it placed, the
+        rotation's order for an ordered one, the order the followers were chosen for a plain
+        one."""
         self._failovers.pop((partition.topic.name, partition.id), None)
         leader = partition.leader
         if leader is not None and self._nodes[leader].running:
@@ -646,22 +685,3 @@ class Topology:
         if alive:
             self._set_leader(partition, alive[0])
         # else: no replica left; the dead leader leads again when it comes back
-
-
-def _default_placement(
-    alive: Sequence[int], partitions: int, replicas: int, multi: bool
-) -> dict[int, list[int]]:
-    """partition -> nodes, leader first, as nsqlookupd's allocTopicLeaderAndISR places a new
-    topic: a plain topic on nodes of its own (no node holds two of its partitions), the
-    leaders first, then each partition's other replicas on the next unused nodes. An ordered
-    or multi-part topic (``multi``), or a plain one too big for that (which only the lenient
-    Python API creates), goes round-robin over the live nodes, so partitions share nodes."""
-    if not multi and partitions * replicas <= len(alive):
-        spare = iter(alive[partitions:])
-        return {
-            pid: [alive[pid], *(next(spare) for _ in range(replicas - 1))]
-            for pid in range(partitions)
-        }
-    return {
-        pid: [alive[(pid + k) % len(alive)] for k in range(replicas)] for pid in range(partitions)
-    }

@@ -373,15 +373,18 @@ async def test_fin_on_an_ordered_channel_without_its_in_sync_majority_is_fatal()
     local to the node, and a plain channel's FIN is not refused."""
     async with Cluster(nodes=2) as cluster:
         await cluster.create_topic("o", 1, 2, ordered=True, channels=["c"])
-        await cluster.create_topic("p", 1, 2, channels=["c"])
-        producer = await _producer(cluster, 0)
+        leader = cluster.leader("o", 0)
+        assert leader is not None
+        # one node leads both
+        await cluster.create_topic("p", 1, 2, channels=["c"], placement={0: [leader, 1 - leader]})
+        producer = await _producer(cluster, leader)
         for topic in ("o", "p"):
             await producer.ok(c.pub(topic, b"m0", 0))
         await cluster.set_writable("o", 0, False)
         await cluster.set_writable("p", 0, False)
         layout = MessageLayout.youzan(detail=True)
 
-        consumer = await RawClient.identified(cluster.nsqd_addresses[0])
+        consumer = await RawClient.identified(cluster.nsqd_addresses[leader])
         await consumer.ok(c.sub_ordered("o", "c", 0))
         consumer.send(c.rdy(1))
         message = await consumer.message(layout)
@@ -396,7 +399,7 @@ async def test_fin_on_an_ordered_channel_without_its_in_sync_majority_is_fatal()
         assert cluster.unfinished("o", "c") == 1
 
         # subscribing again works and redelivers; an unknown id is refused the same way
-        consumer = await RawClient.identified(cluster.nsqd_addresses[0])
+        consumer = await RawClient.identified(cluster.nsqd_addresses[leader])
         await consumer.ok(c.sub_ordered("o", "c", 0))
         consumer.send(c.rdy(1))
         assert (await consumer.message(layout)).body == b"m0"
@@ -405,7 +408,7 @@ async def test_fin_on_an_ordered_channel_without_its_in_sync_majority_is_fatal()
         )
         assert await consumer.closed()
 
-        plain = await RawClient.identified(cluster.nsqd_addresses[0])
+        plain = await RawClient.identified(cluster.nsqd_addresses[leader])
         await plain.ok(c.sub("p", "c", 0))
         plain.send(c.rdy(1))
         delivered = await plain.message(YOUZAN)
@@ -413,7 +416,7 @@ async def test_fin_on_an_ordered_channel_without_its_in_sync_majority_is_fatal()
         await cluster.wait_for(lambda: cluster.unfinished("p", "c") == 0)
 
         await cluster.set_writable("o", 0, True)  # in sync again: the FIN goes through
-        consumer = await RawClient.identified(cluster.nsqd_addresses[0])
+        consumer = await RawClient.identified(cluster.nsqd_addresses[leader])
         await consumer.ok(c.sub_ordered("o", "c", 0))
         consumer.send(c.rdy(1))
         last = await consumer.message(layout)
@@ -428,21 +431,24 @@ async def test_fin_on_an_ordered_channel_after_a_crash_that_loses_the_majority()
     refused (fatal E_FAILED_ON_NOT_WRITABLE) until the crashed node is back in sync."""
     async with Cluster(nodes=2) as cluster:
         await cluster.create_topic("o", 1, 2, ordered=True, channels=["c"])
-        producer = await _producer(cluster, 0)
+        old = cluster.leader("o", 0)
+        assert old is not None
+        new = 1 - old
+        producer = await _producer(cluster, old)
         await producer.ok(c.pub("o", b"m0", 0))
         await producer.close()
-        await cluster.stop_node(0)
-        assert cluster.leader("o", 0) == 1
+        await cluster.stop_node(old)
+        assert cluster.leader("o", 0) == new
         layout = MessageLayout.youzan(detail=True)
-        consumer = await RawClient.identified(cluster.nsqd_addresses[1])
+        consumer = await RawClient.identified(cluster.nsqd_addresses[new])
         await consumer.ok(c.sub_ordered("o", "c", 0))
         consumer.send(c.rdy(1))
         message = await consumer.message(layout)
         assert (await consumer.message(layout)).id == message.id  # its channel's first, twice
         assert await consumer.error(c.fin(message.id)) == "E_FAILED_ON_NOT_WRITABLE "
         assert await consumer.closed()
-        await cluster.start_node(0)
-        consumer = await RawClient.identified(cluster.nsqd_addresses[1])
+        await cluster.start_node(old)
+        consumer = await RawClient.identified(cluster.nsqd_addresses[new])
         await consumer.ok(c.sub_ordered("o", "c", 0))
         consumer.send(c.rdy(1))
         consumer.send(c.fin((await consumer.message(layout)).id))
@@ -462,12 +468,14 @@ async def test_late_echo_of_the_first_ordered_delivery() -> None:
     msg_timeout passes)."""
     async with Cluster(nodes=2) as cluster:
         await cluster.create_topic("o", 1, 2, ordered=True, channels=["ord"])
-        producer = await _producer(cluster, 0)
+        leader = cluster.leader("o", 0)
+        assert leader is not None
+        producer = await _producer(cluster, leader)
         for body in (b"m0", b"m1", b"m2"):
             await producer.ok(c.pub("o", body, 0))
         cluster.set_ordered_echo_late("o", "ord")
         layout = MessageLayout.youzan(detail=True)
-        consumer = await RawClient.identified(cluster.nsqd_addresses[0], msg_timeout=1000)
+        consumer = await RawClient.identified(cluster.nsqd_addresses[leader], msg_timeout=1000)
         await consumer.ok(c.sub_ordered("o", "ord", 0))
         consumer.send(c.rdy(1))
         first = await consumer.message(layout)

@@ -20,6 +20,7 @@ FLOOR = (
     "changes",
     "checks",
     "topology",
+    "placement",
     "publish",
     "offsets",
 )
