@@ -1,4 +1,6 @@
-"""Encoders for every client command (PROTOCOL.md section 3).
+"""Encoders for every client command (``protocolV2.Exec`` and the command handlers in
+``nsqd/protocol_v2.go`` of nsqio/nsq v1.3.0, ``nsqdserver/protocol_v2.go`` of youzan/nsq
+0.3.7-HA.1.13.0).
 
 Each function validates its arguments (raising :class:`~smartnsq.errors.ValidationError`
 before anything is produced) and returns the complete command as one ``bytes`` object, ready

@@ -1,5 +1,6 @@
-"""Queue offsets of youzan partitions as nsqd's HTTP API moves and shows them (PROTOCOL.md
-section 8.5). Pure: the requests' arguments, and the answers as typed values.
+"""Queue offsets of youzan partitions as nsqd's HTTP API moves and shows them (youzan/nsq
+0.3.7-HA.1.13.0 ``nsqdserver/http.go``: ``doSetChannelOffset``, ``doStats``). Pure: the requests'
+arguments, and the answers as typed values.
 
 Every message of a partition has a queue offset: its byte position in the partition's queue
 (the next message starts at offset + raw size). ``POST /channel/setoffset`` on the partition

@@ -2,7 +2,8 @@
 
 Every check raises :class:`~smartnsq.errors.ValidationError` (a ``ValueError``) naming the
 offending field, before any byte is written. Limits default to the servers' defaults
-(PROTOCOL.md section 11); callers that negotiated other limits pass them explicitly.
+(``nsqd/options.go``, ``NewOptions``; names: ``internal/protocol/names.go``); callers that
+negotiated other limits pass them explicitly.
 """
 
 from __future__ import annotations

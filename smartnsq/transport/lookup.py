@@ -1,4 +1,5 @@
-"""The lookup manager: where topics live, kept fresh from every nsqlookupd (PROTOCOL.md 8).
+"""The lookup manager: where topics live, kept fresh from every nsqlookupd (its ``/lookup``
+and ``/listlookup``, ``nsqlookupd/http.go``).
 
 A *round* for one (topic, access):
 
