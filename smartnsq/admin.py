@@ -61,8 +61,7 @@ from smartnsq.protocol.validation import (
     check_topic,
 )
 from smartnsq.routing.addresses import AddressMap, AddressMapping
-from smartnsq.transport.httpclient import new_http_client
-from smartnsq.transport.httplog import quiet
+from smartnsq.transport.httpclient import DEFAULT_MAX_ANSWER_BYTES, exchange, new_http_client
 from smartnsq.transport.lookup import normalize_seed
 from smartnsq.transport.offsets import read_channel_offsets, set_channel_offset
 
@@ -84,9 +83,10 @@ _REPOST = 2.0
 class Admin:
     """Creates and deletes topics and channels.
 
-    Give ``lookupd`` (nsqlookupd HTTP addresses; youzan or classic) or ``nsqd_http`` (classic
-    nsqd HTTP addresses, ``host:port``). ``timeout`` bounds each HTTP request. Use it as an
-    async context manager, or call :meth:`close`.
+    Give ``lookupd`` (nsqlookupd HTTP addresses; youzan or classic) or ``nsqd_http`` (classic nsqd
+    HTTP addresses, ``host:port``). ``timeout`` bounds each HTTP request, its whole answer
+    included, and ``max_answer_bytes`` (4 MiB) its size. Use it as an async context manager, or
+    call :meth:`close`.
     """
 
     def __init__(
@@ -96,6 +96,7 @@ class Admin:
         nsqd_http: Sequence[str] | None = None,
         timeout: float = 10.0,
         address_map: AddressMapping | None = None,
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     ) -> None:
         self._address_map = AddressMap.of(address_map)
         if (lookupd is None) == (nsqd_http is None):
@@ -112,6 +113,9 @@ class Admin:
         if type(timeout) not in (int, float) or not timeout > 0:
             raise ValidationError("timeout", "must be a number of seconds > 0")
         self._timeout = float(timeout)
+        if type(max_answer_bytes) is not int or max_answer_bytes < 1:
+            raise ValidationError("max_answer_bytes", "must be an int >= 1 (bytes)")
+        self._max_answer_bytes = max_answer_bytes
         self._client: httpx.AsyncClient | None = None
         self._youzan: bool | None = False if nsqd_http is not None else None
         self._closed = False
@@ -583,23 +587,24 @@ class Admin:
         return self._client
 
     async def _request(self, method: str, base: str, path: str, params: dict[str, str]) -> object:
-        """One request: the answer's payload or its LookupdHTTPError. Raises
-        ConnectionClosedError when nothing answers, ProtocolError when what answers is not
-        an nsqlookupd or nsqd."""
+        """One request, its whole answer within ``timeout``: the answer's payload or its
+        LookupdHTTPError. Raises ConnectionClosedError when nothing answers (NSQTimeoutError
+        when the answer is not complete in time), ProtocolError when what answers is not an
+        nsqlookupd or nsqd, or answers more than ``max_answer_bytes``."""
+        answer = await exchange(
+            self._http(),
+            method,
+            base + path,
+            params=params,
+            headers={"Accept": ACCEPT_V1},
+            timeout=self._timeout,
+            max_bytes=self._max_answer_bytes,
+        )
         try:
-            with quiet():
-                response = await self._http().request(
-                    method, base + path, params=params, headers={"Accept": ACCEPT_V1}
-                )
-        except (httpx.HTTPError, OSError) as exc:
-            raise ConnectionClosedError(
-                f"{method} {base}{path} got no answer: {type(exc).__name__}: {exc}"
-            ) from exc
-        try:
-            return unwrap_response(response.status_code, response.headers, response.content)
+            return unwrap_response(answer.status, answer.headers, answer.body)
         except ProtocolError as exc:
             raise ProtocolError(
-                f"{base}{path} answered HTTP {response.status_code} in a way no nsqlookupd or "
+                f"{base}{path} answered HTTP {answer.status} in a way no nsqlookupd or "
                 f"nsqd does ({exc}); is {base} an nsqlookupd (youzan or classic) HTTP address?"
             ) from None
 
