@@ -552,14 +552,7 @@ class LookupManager:
             cached = self._cache.get(key)
             if cached is None:
                 raise
-            held = self._log_throttle.allow(("stale", key))
-            if held is not None:
-                self._logger.warning(
-                    "%s; serving the cached layout of %r (access=%s)%s",
-                    exc,
-                    *key,
-                    LogThrottle.note(held, self._log_throttle.interval),
-                )
+            self._warn(("stale", key), "%s; serving the cached layout of %r (access=%s)", exc, *key)
             return cached
         finally:
             if self._inflight.get(key) is asyncio.current_task():
@@ -756,17 +749,21 @@ class LookupManager:
             delay = exponential(lookupd.failures, self._backoff_base, self._backoff_max)
             lookupd.retry_at = now + delay
         # else: tried early (every lookupd down-ranked, or a poll): keep the current backoff.
-        held = self._log_throttle.allow(("failed", lookupd.address))
-        if held is None:
-            return
-        self._logger.warning(
-            "nsqlookupd %s failed (%s; %d in a row); lookups skip it for %.1f s%s",
+        self._warn(
+            ("failed", lookupd.address),
+            "nsqlookupd %s failed (%s; %d in a row); lookups skip it for %.1f s",
             lookupd.address,
             lookupd.last_error,
             lookupd.failures,
             max(0.0, lookupd.retry_at - now),
-            LogThrottle.note(held, self._log_throttle.interval),
         )
+
+    def _warn(self, kind: object, message: str, *args: object) -> None:
+        """A WARNING, once per ``log_interval`` per ``kind``, with the count held back."""
+        held = self._log_throttle.allow(kind)
+        if held is not None:
+            note = LogThrottle.note(held, self._log_throttle.interval)
+            self._logger.warning(message + "%s", *args, note)
 
     # ------------------------------------------------------------------ HTTP
 
@@ -880,14 +877,7 @@ class LookupManager:
         except ClientClosedError:
             pass
         except NSQError as exc:
-            held = self._log_throttle.allow(("poll", key))
-            if held is not None:
-                self._logger.warning(
-                    "periodic lookup of %r (access=%s): %s%s",
-                    *key,
-                    exc,
-                    LogThrottle.note(held, self._log_throttle.interval),
-                )
+            self._warn(("poll", key), "periodic lookup of %r (access=%s): %s", *key, exc)
 
     async def _notify(self, key: _Key, layout: TopicLayout) -> None:
         for watcher in list(self._watchers.get(key, ())):
