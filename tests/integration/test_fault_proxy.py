@@ -4,6 +4,8 @@ switched on and off while connections are open, checked by counts, bytes and sta
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import random
 import time
 from collections.abc import AsyncIterator
@@ -417,3 +419,34 @@ async def test_bad_arguments_raise_before_anything_changes(proxy: FaultProxy) ->
         FaultProxy("127.0.0.1", 0)
     with pytest.raises(FaultProxyError, match="not running"):
         FaultProxy("127.0.0.1", 1).blackhole()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
+async def test_reset_cycles_leak_nothing(upstream: Upstream) -> None:
+    async with FaultProxy("127.0.0.1", upstream.port) as proxy:
+        reader, writer = await _connect(proxy)  # the first connection's costs are paid
+        assert await _round_trip(reader, writer, b"x") == b"x"
+        proxy.reset()
+        writer.close()
+        await proxy.wait_for(lambda: proxy.stats().open == 0)
+        fds, tasks = _open_fds(), len(asyncio.all_tasks())
+        for cycle in range(30):
+            reader, writer = await _connect(proxy)
+            assert await _round_trip(reader, writer, b"%d" % cycle) == b"%d" % cycle
+            assert proxy.reset() == 1
+            with pytest.raises(ConnectionResetError):
+                await asyncio.wait_for(reader.read(1), WAIT)
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+            await proxy.wait_for(lambda: proxy.stats().open == 0)
+        await upstream.wait_for(lambda: all(c.ended for c in upstream.accepted))
+        for connection in upstream.accepted:
+            connection.writer.close()
+        await asyncio.sleep(0)  # the transports close on the next loop iteration
+        assert (_open_fds(), len(asyncio.all_tasks())) == (fds, tasks)
+        assert proxy.stats().reset == 31
