@@ -31,11 +31,11 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from smartnsq.errors import ValidationError
 from smartnsq.testing.errors import ClusterError
+from smartnsq.testing.lifecycle import StartsAndCloses
 
 __all__ = [
     "Netns",
@@ -128,7 +128,7 @@ def _free_subnet() -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     raise NetnsError(f"no free /30 subnet in {_POOL}")
 
 
-class Netns:
+class Netns(StartsAndCloses):
     """A network namespace joined to the host by a veth pair on its own /30 subnet.
 
     ``async with Netns() as ns:`` makes it; ``await ns.spawn(...)`` runs commands inside
@@ -247,17 +247,6 @@ class Netns:
             _ip("link", "delete", self.host_veth, check=False)
             _ip("netns", "delete", self.name, check=False)
 
-    async def __aenter__(self) -> Netns:
-        return await self.start()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
 
 async def _stop(process: asyncio.subprocess.Process) -> None:
     """SIGTERM to the process's session, SIGKILL if it is still there after a while."""
@@ -272,7 +261,7 @@ async def _stop(process: asyncio.subprocess.Process) -> None:
             await process.wait()
 
 
-class NetnsCluster:
+class NetnsCluster(StartsAndCloses):
     """``python -m smartnsq cluster`` (the embedded emulator, as a separate process) in a
     namespace of its own, listening on the namespace's address: ``args`` are the
     command's options (``"--classic"``, ``"--nodes", "3"``, ``"--topic", "t:2:2"``...).
@@ -366,14 +355,3 @@ class NetnsCluster:
         await self.netns.close()
         if self._drain is not None:
             await self._drain  # the output ends with the process
-
-    async def __aenter__(self) -> NetnsCluster:
-        return await self.start()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

@@ -85,13 +85,6 @@ def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=50)
 
 
-def test_fixture_and_marker_in_auto_mode(pytester: pytest.Pytester) -> None:
-    pytester.makeini(AUTO)
-    pytester.makepyfile(test_uses=USES_THE_FIXTURE)
-    result = _run(pytester, "-v", "--strict-markers", "-W", "error")
-    result.assert_outcomes(passed=6)
-
-
 def test_fixture_in_strict_mode(pytester: pytest.Pytester) -> None:
     pytester.makeini(STRICT)
     pytester.makepyfile(
@@ -181,11 +174,16 @@ async def test_factory(nsq_cluster, fault_proxy):
 """
 
 
-def test_fault_proxy_fixtures(pytester: pytest.Pytester) -> None:
+@pytest.mark.parametrize(
+    ("module", "tests"), [(USES_THE_FIXTURE, 6), (USES_THE_PROXIES, 4)], ids=["cluster", "proxies"]
+)
+def test_fixtures_and_markers_in_auto_mode(
+    pytester: pytest.Pytester, module: str, tests: int
+) -> None:
     pytester.makeini(AUTO)
-    pytester.makepyfile(test_proxies=USES_THE_PROXIES)
+    pytester.makepyfile(test_uses=module)
     result = _run(pytester, "-v", "--strict-markers", "-W", "error")
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=tests)
 
 
 def test_bad_proxies_marker_fails_the_test_with_one_line(pytester: pytest.Pytester) -> None:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 from smartnsq.testing.faults.proxy import FaultProxy
+from smartnsq.testing.lifecycle import StartsAndCloses
 
 if TYPE_CHECKING:
     from smartnsq.testing.cluster import Cluster
@@ -30,7 +30,7 @@ def _port(address: str) -> int:
     return int(address.rpartition(":")[2])
 
 
-class ClusterProxies:
+class ClusterProxies(StartsAndCloses):
     """One :class:`FaultProxy` per nsqd of a started cluster: ``proxies[i]`` (or
     ``nsqd[i]``) in front of node ``i``'s TCP port; with ``http=True`` also ``nsqd_http[i]``
     in front of its HTTP port; with ``lookupd=True`` ``lookupd[i]`` in front of each
@@ -96,17 +96,6 @@ class ClusterProxies:
     async def close(self) -> None:
         for proxy in self.all:
             await proxy.close()
-
-    async def __aenter__(self) -> ClusterProxies:
-        return await self.start()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     @property
     def address_map(self) -> dict[str, str]:

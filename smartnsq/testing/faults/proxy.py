@@ -42,7 +42,6 @@ import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 from smartnsq.errors import ValidationError
@@ -58,6 +57,7 @@ from smartnsq.testing.faults.shaping import (
     Throttle,
     directions,
 )
+from smartnsq.testing.lifecycle import StartsAndCloses
 
 __all__ = ["FaultProxy", "FaultProxyError", "ProxyStats"]
 
@@ -329,7 +329,7 @@ class _Link:
         self.proxy._link_ended(self)
 
 
-class FaultProxy:
+class FaultProxy(StartsAndCloses):
     """Forwards ``127.0.0.1:<port>`` to ``upstream_host:upstream_port``, with faults.
 
     ``async with FaultProxy(host, port, seed=1) as proxy:`` starts it (``address`` is then
@@ -421,17 +421,6 @@ class FaultProxy:
         await asyncio.gather(*tasks, return_exceptions=True)
         for server in servers:
             await server.wait_closed()
-
-    async def __aenter__(self) -> FaultProxy:
-        return await self.start()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     @property
     def address(self) -> str:
