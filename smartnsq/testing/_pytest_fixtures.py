@@ -45,14 +45,12 @@ async def nsq_fault_proxies(
 async def fault_proxy() -> AsyncIterator[ProxyFactory]:
     """A factory of started fault proxies, all closed after the test:
     ``proxy = await fault_proxy("127.0.0.1:4150", seed=1)`` (options of ``FaultProxy``)."""
-    from smartnsq.routing.addresses import split_host_port
     from smartnsq.testing.faults import FaultProxy
 
     made: list[FaultProxy] = []
 
     async def make(upstream: str, **options: Any) -> FaultProxy:
-        host, port = split_host_port(upstream, "upstream")
-        proxy = FaultProxy(host, port, **options)
+        proxy = FaultProxy.to(upstream, **options)
         made.append(proxy)
         return await proxy.start()
 

@@ -419,6 +419,11 @@ async def test_bad_arguments_raise_before_anything_changes(proxy: FaultProxy) ->
         FaultProxy("127.0.0.1", 0)
     with pytest.raises(FaultProxyError, match="not running"):
         FaultProxy("127.0.0.1", 1).blackhole()
+    for bad in ("127.0.0.1", "127.0.0.1:x", ":4150", None):
+        with pytest.raises(ValidationError, match="upstream"):
+            FaultProxy.to(bad)  # type: ignore[arg-type]
+    assert FaultProxy.to(" [::1]:4150 ").upstream == "::1:4150"
+    assert FaultProxy.to("nsqd0:4150").upstream_host == "nsqd0"
 
 
 def _open_fds() -> int:

@@ -382,6 +382,15 @@ class FaultProxy(StartsAndCloses):
         self._bytes = dict.fromkeys(DIRECTIONS, 0)
         self._writes = dict.fromkeys(DIRECTIONS, 0)
 
+    @classmethod
+    def to(cls, upstream: str, **options: Any) -> FaultProxy:
+        """A proxy to ``"host:port"`` (``"[v6]:port"``); ``options`` as the constructor's."""
+        text = upstream.strip() if isinstance(upstream, str) else ""
+        host, _, port = text.rpartition(":")
+        if not host or not (port.isascii() and port.isdigit()):
+            raise ValidationError("upstream", f"expected 'host:port', not {upstream!r}")
+        return cls(host.removeprefix("[").removesuffix("]"), int(port), **options)
+
     def __repr__(self) -> str:
         return f"<FaultProxy {self.name} on {self.address}>"
 
