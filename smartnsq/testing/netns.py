@@ -255,7 +255,7 @@ async def _stop(process: asyncio.subprocess.Process) -> None:
             os.killpg(process.pid, signal.SIGTERM)
         try:
             await asyncio.wait_for(process.wait(), _STOP_TIMEOUT)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGKILL)
             await process.wait()
@@ -312,7 +312,7 @@ class NetnsCluster(StartsAndCloses):
         timeout."""
         try:
             await asyncio.wait_for(self._read_output(until=b"Ready;"), self.startup_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise NetnsError(
                 f"smartnsq cluster was not ready within {self.startup_timeout:g} s: "
                 f"{''.join(self.output).strip()}"

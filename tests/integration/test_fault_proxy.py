@@ -113,7 +113,7 @@ async def _silent(reader: asyncio.StreamReader) -> bool:
     """Nothing arrives, and the connection is not closed, within SILENCE."""
     try:
         await asyncio.wait_for(reader.read(1), SILENCE)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return True
     return False
 

@@ -247,7 +247,7 @@ class _Link:
                     asyncio.open_connection(proxy.upstream_host, proxy.upstream_port),
                     proxy.connect_timeout,
                 )
-            except (OSError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, OSError) as exc:
                 log.debug("%s: upstream %s unreachable: %s", proxy, proxy.upstream, exc)
                 proxy._upstream_failed += 1
                 _reset_socket(self.client_writer)
