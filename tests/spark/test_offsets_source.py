@@ -16,6 +16,7 @@ from typing import Any
 
 import smartnsq.sync
 from smartnsq.admin import Admin
+from smartnsq.protocol.commands import StartPosition
 from tests.integration.threaded_cluster import ThreadedCluster
 from tests.spark.conftest import Subscription
 from tests.spark.waiting import (
@@ -212,6 +213,36 @@ def test_batch_read_between_two_offsets(spark: Any, youzan: ThreadedCluster) -> 
     assert sorted(r.body for r in rows if r.partition == 1) == sorted(_bodies("p1", 200))
     # Defaults: earliest to latest.
     assert _batch(spark, youzan, "events").count() == 400
+
+
+def test_a_first_run_reads_the_channels_backlog_by_default(
+    spark: Any, youzan: ThreadedCluster
+) -> None:
+    # A registered channel holds a backlog: all of partition 1, partition 0 from message 40
+    # on (the first 40 were consumed before). No startingOffsets, no checkpoint.
+    youzan.run(youzan.cluster.create_topic("backlog", 2, 1, channels=["spark"]))
+    _publish(youzan, "backlog", _bodies("p0", 100), partition=0)
+    _publish(youzan, "backlog", _bodies("p1", 100), partition=1)
+    logged = youzan.call(lambda: youzan.cluster.messages("backlog", 0))
+
+    async def consume_forty() -> None:
+        async with Admin([youzan.cluster.lookupd_url]) as admin:
+            position = StartPosition.queue_offset(logged[40].offset)
+            await admin.seek("backlog", "spark", position, partitions=[0])
+
+    youzan.run(consume_forty())
+    query = (
+        _source(spark, youzan, "backlog")
+        .writeStream.format("memory")
+        .queryName("channel_backlog")
+        .trigger(availableNow=True)
+        .start()
+    )
+    finish(query)
+    rows = spark.table("channel_backlog").collect()
+    assert sorted(r.body for r in rows) == sorted(_bodies("p0", 100)[40:] + _bodies("p1", 100))
+    for partition in _offsets(youzan, "backlog"):
+        assert partition.lag == 0
 
 
 def test_starting_timestamp(spark: Any, youzan: ThreadedCluster) -> None:
