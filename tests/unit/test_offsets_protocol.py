@@ -4,6 +4,8 @@ nsqd's /stats (the recorded answer, nsqd_stats_ptest.v1.json)."""
 from __future__ import annotations
 
 import json
+import math
+import time
 from pathlib import Path
 
 import pytest
@@ -33,8 +35,10 @@ RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "nsqd_http"
         ("timestamp:1795235396", "timestamp:1795235396"),
         ("timestamp:2026-11-24T10:00:00Z", "timestamp:1795514400"),
         ("timestamp:2026-11-24T11:00:00.9+01:00", "timestamp:1795514400"),
+        ("timestamp:1795765880.5", "timestamp:1795765880"),  # nsqd works in whole seconds
+        ("timestamp:1795765880.", "timestamp:1795765880"),
         ("virtual_queue:5", "virtual_queue:5"),
-        ("msgcount:0", "msgcount:0"),
+        ("msgcount:1", "msgcount:1"),
         ("special:-1", "special:-1"),
     ],
 )
@@ -59,11 +63,49 @@ def test_parse(text: str, wire: str) -> None:
         "timestamp:2026-11-24T10:00:00",  # no UTC offset
         "timestamp:yesterday",
         "offset:9223372036854775808",
+        "timestamp:-1.5",
+        "timestamp:1.2.3",
+        "timestamp:.",
     ],
 )
 def test_parse_refuses(text: str) -> None:
     with pytest.raises(ValidationError):
         StartPosition.parse(text)
+
+
+@pytest.mark.parametrize("text", ["message:0", "msgcount:0", " message:00 "])
+def test_message_counts_start_at_1(text: str) -> None:
+    with pytest.raises(ValidationError, match="count from 1"):
+        StartPosition.parse(text)
+    with pytest.raises(ValidationError, match="start at 1"):
+        StartPosition.message_count(0)
+    # The wire form as is stays possible (nsqd reads it as the first message).
+    assert str(StartPosition("msgcount", 0)) == "msgcount:0"
+
+
+def test_a_timestamp_takes_a_float_and_drops_the_fraction() -> None:
+    assert StartPosition.timestamp(1795765880.9) == StartPosition.timestamp(1795765880)
+    now = time.time()
+    assert StartPosition.timestamp(now).value == math.floor(now)
+    assert str(StartPosition.timestamp(0.5)) == "timestamp:0"
+    for bad in (float("nan"), float("inf"), -0.5, "1795765880", True, None):
+        with pytest.raises(ValidationError, match="timestamp"):
+            StartPosition.timestamp(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("position", "text"),
+    [
+        (StartPosition.earliest(), "earliest"),
+        (StartPosition.latest(), "latest"),
+        (StartPosition.queue_offset(1960), "offset:1960"),
+        (StartPosition.message_count(51), "message:51"),
+        (StartPosition.timestamp(1795235396), "timestamp:1795235396"),
+    ],
+)
+def test_text_is_the_documented_form(position: StartPosition, text: str) -> None:
+    assert position.text() == text
+    assert StartPosition.parse(text) == position
 
 
 def test_the_named_positions() -> None:
