@@ -14,6 +14,8 @@ from smartnsq.errors import ProtocolError, ValidationError
 from smartnsq.protocol.commands import StartPosition
 from smartnsq.protocol.offsets import (
     PartitionOffsets,
+    landed_offset,
+    lies_past_end,
     parse_partition_offsets,
     setoffset_body,
     setoffset_params,
@@ -126,12 +128,35 @@ def test_offsets_from_the_recorded_stats() -> None:
     payload = json.loads((RECORDED / "nsqd_stats_ptest.v1.json").read_text())
     offsets = parse_partition_offsets(payload, "ptest", 0, "init", "nsqd2:4151")
     # ten 38-byte messages, channel "init" at the start
-    assert offsets == PartitionOffsets(0, "nsqd2:4151", 0, 380, position=0, depth=10)
+    assert offsets == PartitionOffsets(0, "nsqd2:4151", 0, 380, position=0, depth=10, messages=10)
     assert offsets.lag == 380
     missing = parse_partition_offsets(payload, "ptest", 0, "other", "nsqd2:4151")
     assert (missing.end, missing.position, missing.depth, missing.lag) == (380, None, None, None)
+    assert missing.messages == 10
     with pytest.raises(ProtocolError, match="does not list partition ptest-1"):
         parse_partition_offsets(payload, "ptest", 1, "init", "nsqd2:4151")
+
+
+@pytest.mark.parametrize(
+    ("position", "past_end", "landed"),
+    [
+        # a queue of 10 messages from 100 (older ones deleted) to 480, the channel at 300
+        (StartPosition.queue_offset(481), True, 480),
+        (StartPosition.queue_offset(480), False, 300),  # the end itself: /stats says where
+        (StartPosition.message_count(12), True, 480),
+        (StartPosition.message_count(11), False, 300),
+        (StartPosition.latest(), False, 480),
+        (StartPosition.earliest(), False, 100),
+        (StartPosition.queue_offset(50), False, 100),
+        (StartPosition.timestamp(1795765880), False, 300),
+    ],
+)
+def test_where_a_seek_landed(position: StartPosition, past_end: bool, landed: int) -> None:
+    queue = PartitionOffsets(0, "h:1", 100, 480, position=300, depth=5, messages=10)
+    assert lies_past_end(position, queue) is past_end
+    assert landed_offset(position, queue) == landed
+    unknown = PartitionOffsets(0, "h:1", 100, 480, position=300, depth=5)  # no message_count
+    assert not lies_past_end(StartPosition.message_count(999), unknown)
 
 
 @pytest.mark.parametrize(
