@@ -62,6 +62,7 @@ from smartnsq.protocol.offsets import (
     setoffset_body,
 )
 from smartnsq.protocol.validation import (
+    MAX_PARTITIONS,
     check_auto_create,
     check_channel,
     check_partition,
@@ -77,7 +78,6 @@ __all__ = ["MAX_PARTITIONS", "MAX_REPLICAS", "Admin", "PartitionOffsets", "SeekR
 
 log = logging.getLogger("smartnsq.admin")
 
-MAX_PARTITIONS = 254  # nsqlookupd refuses 255 and more ("max partition allowed exceed")
 MAX_REPLICAS = 5
 _NOT_LEADER = ("E_FAILED_ON_NOT_LEADER", "Not nsqlookup leader")
 _ALREADY_REGISTERED = "already registered"
