@@ -60,6 +60,16 @@ def _batch(spark: Any, cluster: ThreadedCluster, topic: str, **options: Any) -> 
     return _load(spark.read, cluster, topic, options)
 
 
+def _read_what_is_there(
+    spark: Any, cluster: ThreadedCluster, topic: str, name: str, **options: Any
+) -> list[bytes]:
+    """The bodies a first run with ``trigger(availableNow=True)`` reads, through the memory
+    sink's table ``name``."""
+    stream = _source(spark, cluster, topic, **options).writeStream.format("memory")
+    finish(stream.queryName(name).trigger(availableNow=True).start())
+    return [row.body for row in spark.table(name).collect()]
+
+
 def _offsets(cluster: ThreadedCluster, topic: str) -> Any:
     async def read() -> Any:
         async with Admin([cluster.cluster.lookupd_url]) as admin:
@@ -231,16 +241,8 @@ def test_a_first_run_reads_the_channels_backlog_by_default(
             await admin.seek("backlog", "spark", position, partitions=[0])
 
     youzan.run(consume_forty())
-    query = (
-        _source(spark, youzan, "backlog")
-        .writeStream.format("memory")
-        .queryName("channel_backlog")
-        .trigger(availableNow=True)
-        .start()
-    )
-    finish(query)
-    rows = spark.table("channel_backlog").collect()
-    assert sorted(r.body for r in rows) == sorted(_bodies("p0", 100)[40:] + _bodies("p1", 100))
+    bodies = _read_what_is_there(spark, youzan, "backlog", "channel_backlog")
+    assert sorted(bodies) == sorted(_bodies("p0", 100)[40:] + _bodies("p1", 100))
     for partition in _offsets(youzan, "backlog"):
         assert partition.lag == 0
 
@@ -253,16 +255,10 @@ def test_starting_timestamp(spark: Any, youzan: ThreadedCluster) -> None:
     wait_until(lambda: time.time() >= second, "the next second", 2.0)
     newer = _bodies("new", 100)
     _publish(youzan, "events", newer)
-    query = (
-        _source(spark, youzan, "events", startingTimestamp=second * 1000)
-        .writeStream.format("memory")
-        .queryName("from_timestamp")
-        .trigger(availableNow=True)
-        .start()
+    bodies = _read_what_is_there(
+        spark, youzan, "events", "from_timestamp", startingTimestamp=second * 1000
     )
-    finish(query)
-    rows = spark.table("from_timestamp").collect()
-    assert sorted(r.body for r in rows) == sorted(newer)
+    assert sorted(bodies) == sorted(newer)
 
 
 def test_ordered_topic_keeps_each_partition_in_queue_order(
