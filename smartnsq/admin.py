@@ -24,6 +24,7 @@ behind NAT.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from types import TracebackType
 
@@ -53,8 +54,15 @@ from smartnsq.protocol.lookupd import (
     parse_node,
     unwrap_response,
 )
-from smartnsq.protocol.offsets import PartitionOffsets, SeekResult, setoffset_body
+from smartnsq.protocol.offsets import (
+    PartitionOffsets,
+    SeekResult,
+    landed_offset,
+    lies_past_end,
+    setoffset_body,
+)
 from smartnsq.protocol.validation import (
+    MAX_PARTITIONS,
     check_auto_create,
     check_channel,
     check_partition,
@@ -67,7 +75,8 @@ from smartnsq.transport.offsets import read_channel_offsets, set_channel_offset
 
 __all__ = ["MAX_PARTITIONS", "MAX_REPLICAS", "Admin", "PartitionOffsets", "SeekResult"]
 
-MAX_PARTITIONS = 254  # nsqlookupd refuses 255 and more ("max partition allowed exceed")
+log = logging.getLogger("smartnsq.admin")
+
 MAX_REPLICAS = 5
 _NOT_LEADER = ("E_FAILED_ON_NOT_LEADER", "Not nsqlookup leader")
 _ALREADY_REGISTERED = "already registered"
@@ -279,6 +288,11 @@ class Admin:
         (``POST /channel/setoffset``). One result per partition, in partition order; a
         partition without any message is reported ``empty`` and left as it is.
 
+        Each result says where the channel went (``offset``, ``end``, read from the leader's
+        ``/stats`` after the move): nsqd puts a position past the queue's end (an offset past
+        it, ``message_count(999)`` of 100 messages) at the end, without an error, and
+        ``past_end`` says so.
+
         nsqd forgets the channel's messages in flight (their FINs fail) and delivers again
         from the new position, not necessarily in queue order: a reader of an exact range
         orders by queue offset itself. Consumers already subscribed stay connected.
@@ -304,7 +318,7 @@ class Admin:
                 moved = ", ".join(str(r.partition) for r in results)
                 raise AdminError(
                     f"partition {partition}: {exc} (partitions {moved} were moved to "
-                    f"{position} already)",
+                    f"{position.text()} already)",
                     status=getattr(exc, "status", None),
                     url=getattr(exc, "url", ""),
                 ) from exc
@@ -384,7 +398,35 @@ class Admin:
                 raise AdminError(
                     f"partition {partition} of {topic!r}: {exc}; its leader is changing, try again"
                 ) from exc
-        return SeekResult(partition, leader, position, empty=not moved)
+        if not moved:
+            return SeekResult(partition, leader, position, empty=True)
+        return await self._landed(topic, partition, channel, position, leader)
+
+    async def _landed(
+        self, topic: str, partition: int, channel: str, position: StartPosition, leader: str
+    ) -> SeekResult:
+        """A moved partition's result: where the channel went, from the leader's /stats
+        (nsqd answers the move itself with nothing but 200)."""
+        try:
+            queue = await read_channel_offsets(self._http(), leader, topic, partition, channel)
+        except NSQError as exc:
+            # The move happened; only the report is missing, which offset=None says.
+            log.warning(
+                "partition %d of %r: moved to %s, but reading where it went failed: %s",
+                partition,
+                topic,
+                position.text(),
+                exc,
+            )
+            return SeekResult(partition, leader, position)
+        return SeekResult(
+            partition,
+            leader,
+            position,
+            offset=landed_offset(position, queue),
+            end=queue.end,
+            past_end=lies_past_end(position, queue),
+        )
 
     # ------------------------------------------------------------------ youzan
 

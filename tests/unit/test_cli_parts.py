@@ -247,6 +247,15 @@ def test_pub_without_arguments_asks_for_the_topic_only(
     assert "--skip-empty" in usage
 
 
+def test_tail_help_says_when_the_offset_is_missing(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["tail", "--help"])
+    usage = " ".join(capsys.readouterr().out.split())
+    assert "ordered subscriptions only" not in usage
+    assert 'P and O are "-" on classic nsqd' in usage
+    assert "every youzan message carries its queue offset" in usage
+
+
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["--version"])

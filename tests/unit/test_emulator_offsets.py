@@ -65,11 +65,13 @@ def test_locate() -> None:
         ConsumeOffset("virtual_queue", 1): 1,  # inside the first: the next boundary
         ConsumeOffset("virtual_queue", 32): 1,
         ConsumeOffset("virtual_queue", 99): 3,
+        ConsumeOffset("virtual_queue", 10**6): 3,  # past the end: the end, without an error
         ConsumeOffset("virtual_queue", -7): 0,
         ConsumeOffset("msgcount", 1): 0,
         ConsumeOffset("msgcount", 0): 0,
         ConsumeOffset("msgcount", 3): 2,
         ConsumeOffset("msgcount", 4): 3,
+        ConsumeOffset("msgcount", 999): 3,
         ConsumeOffset("timestamp", 6): 1,
         ConsumeOffset("timestamp", 7): 3,
         ConsumeOffset("timestamp", 0): 0,
