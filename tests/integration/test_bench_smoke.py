@@ -1,5 +1,6 @@
 """The benchmark harnesses still run: ``bench/producer.py`` and ``bench/consumer.py`` with tiny
-counts, and ``bench/compare.py`` for one workload when ``bench/.env`` (pynsq, gnsq) exists.
+counts, ``bench/soak.py`` for 10 s with two faults, and ``bench/compare.py`` for one workload
+when ``bench/.env`` (pynsq, gnsq) exists.
 
 No timing assertions: the benchmark is the judge, this only checks that it works. Each
 harness runs in its own session; whatever it started is gone when it returns, or is killed.
@@ -99,6 +100,32 @@ def test_consumer_bench_classic(tmp_path: Path) -> None:
     (run,) = data["runs"]["consume"]
     assert run["messages"] == 2000
     assert run["extra"]["finished"] >= 2000
+
+
+def test_soak_bench(tmp_path: Path) -> None:
+    result = tmp_path / "soak.json"
+    out = run_harness(
+        [
+            sys.executable,
+            str(BENCH / "soak.py"),
+            "--minutes=0.17",
+            "--cycle=10",
+            "--faults=reset,blackhole",
+            "--blackhole-seconds=1",
+            "--rate=200",
+            "--interval=5",
+            f"--json={result}",
+        ]
+    )
+    assert "memory per waiting publish" in out
+    assert "loop lag on heal" in out
+    data = json.loads(result.read_text())
+    assert [e["kind"] for e in data["episodes"]] == ["reset", "blackhole"]
+    totals = data["totals"]
+    assert totals["sent"] == totals["acknowledged"] > 0
+    assert totals["lost"] == 0
+    (half_open,) = totals["half_open"]
+    assert half_open["traced"]
 
 
 def _bench_env_ready() -> bool:
