@@ -61,20 +61,22 @@ def run_harness(argv: list[str], timeout: float = TIMEOUT) -> str:
     return out
 
 
+def run_bench(script: str, *arguments: str) -> str:
+    """``bench/<script>`` with this interpreter (see run_harness)."""
+    return run_harness([sys.executable, str(BENCH / script), *arguments])
+
+
 def test_producer_bench(tmp_path: Path) -> None:
     result = tmp_path / "producer.json"
-    out = run_harness(
-        [
-            sys.executable,
-            str(BENCH / "producer.py"),
-            "--rounds=1",
-            "--messages=300",
-            "--sequential=100",
-            "--batched=1000",
-            "--warmup=50",
-            f"--json={result}",
-            *FAST,
-        ]
+    out = run_bench(
+        "producer.py",
+        "--rounds=1",
+        "--messages=300",
+        "--sequential=100",
+        "--batched=1000",
+        "--warmup=50",
+        f"--json={result}",
+        *FAST,
     )
     assert "pipelined" in out
     summary = json.loads(result.read_text())["summary"]
@@ -84,16 +86,8 @@ def test_producer_bench(tmp_path: Path) -> None:
 
 def test_consumer_bench_classic(tmp_path: Path) -> None:
     result = tmp_path / "consumer.json"
-    out = run_harness(
-        [
-            sys.executable,
-            str(BENCH / "consumer.py"),
-            "--classic",
-            "--rounds=1",
-            "--messages=2000",
-            f"--json={result}",
-            *FAST,
-        ]
+    out = run_bench(
+        "consumer.py", "--classic", "--rounds=1", "--messages=2000", f"--json={result}", *FAST
     )
     assert "consume" in out
     data = json.loads(result.read_text())
@@ -104,19 +98,9 @@ def test_consumer_bench_classic(tmp_path: Path) -> None:
 
 def test_soak_bench(tmp_path: Path) -> None:
     result = tmp_path / "soak.json"
-    out = run_harness(
-        [
-            sys.executable,
-            str(BENCH / "soak.py"),
-            "--minutes=0.17",
-            "--cycle=10",
-            "--faults=reset,blackhole",
-            "--blackhole-seconds=1",
-            "--rate=200",
-            "--interval=5",
-            f"--json={result}",
-        ]
-    )
+    # 10 s: a reset, then a 1 s half-open window
+    faults = ["--minutes=0.17", "--cycle=10", "--faults=reset,blackhole", "--blackhole-seconds=1"]
+    out = run_bench("soak.py", *faults, "--rate=200", "--interval=5", f"--json={result}")
     assert "memory per waiting publish" in out
     assert "loop lag on heal" in out
     data = json.loads(result.read_text())
