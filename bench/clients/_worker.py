@@ -44,6 +44,15 @@ def machine_busy() -> float:
     return (user + nice + system + irq + softirq + steal) / CLK_TCK
 
 
+def rss_bytes() -> int | None:
+    """This process's resident set now, from /proc (None where there is none)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return None
+
+
 def cpu_seconds() -> float:
     """User + system CPU seconds of this process so far (all threads)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)

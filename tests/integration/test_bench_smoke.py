@@ -1,5 +1,6 @@
 """The benchmark harnesses still run: ``bench/producer.py`` and ``bench/consumer.py`` with tiny
-counts, and ``bench/compare.py`` for one workload when ``bench/.env`` (pynsq, gnsq) exists.
+counts, ``bench/soak.py`` for 10 s with two faults, and ``bench/compare.py`` for one workload
+when ``bench/.env`` (pynsq, gnsq) exists.
 
 No timing assertions: the benchmark is the judge, this only checks that it works. Each
 harness runs in its own session; whatever it started is gone when it returns, or is killed.
@@ -60,20 +61,22 @@ def run_harness(argv: list[str], timeout: float = TIMEOUT) -> str:
     return out
 
 
+def run_bench(script: str, *arguments: str) -> str:
+    """``bench/<script>`` with this interpreter (see run_harness)."""
+    return run_harness([sys.executable, str(BENCH / script), *arguments])
+
+
 def test_producer_bench(tmp_path: Path) -> None:
     result = tmp_path / "producer.json"
-    out = run_harness(
-        [
-            sys.executable,
-            str(BENCH / "producer.py"),
-            "--rounds=1",
-            "--messages=300",
-            "--sequential=100",
-            "--batched=1000",
-            "--warmup=50",
-            f"--json={result}",
-            *FAST,
-        ]
+    out = run_bench(
+        "producer.py",
+        "--rounds=1",
+        "--messages=300",
+        "--sequential=100",
+        "--batched=1000",
+        "--warmup=50",
+        f"--json={result}",
+        *FAST,
     )
     assert "pipelined" in out
     summary = json.loads(result.read_text())["summary"]
@@ -83,22 +86,30 @@ def test_producer_bench(tmp_path: Path) -> None:
 
 def test_consumer_bench_classic(tmp_path: Path) -> None:
     result = tmp_path / "consumer.json"
-    out = run_harness(
-        [
-            sys.executable,
-            str(BENCH / "consumer.py"),
-            "--classic",
-            "--rounds=1",
-            "--messages=2000",
-            f"--json={result}",
-            *FAST,
-        ]
+    out = run_bench(
+        "consumer.py", "--classic", "--rounds=1", "--messages=2000", f"--json={result}", *FAST
     )
     assert "consume" in out
     data = json.loads(result.read_text())
     (run,) = data["runs"]["consume"]
     assert run["messages"] == 2000
     assert run["extra"]["finished"] >= 2000
+
+
+def test_soak_bench(tmp_path: Path) -> None:
+    result = tmp_path / "soak.json"
+    # 10 s: a reset, then a 1 s half-open window
+    faults = ["--minutes=0.17", "--cycle=10", "--faults=reset,blackhole", "--blackhole-seconds=1"]
+    out = run_bench("soak.py", *faults, "--rate=200", "--interval=5", f"--json={result}")
+    assert "memory per waiting publish" in out
+    assert "loop lag on heal" in out
+    data = json.loads(result.read_text())
+    assert [e["kind"] for e in data["episodes"]] == ["reset", "blackhole"]
+    totals = data["totals"]
+    assert totals["sent"] == totals["acknowledged"] > 0
+    assert totals["lost"] == 0
+    (half_open,) = totals["half_open"]
+    assert half_open["traced"]
 
 
 def _bench_env_ready() -> bool:
