@@ -2,11 +2,12 @@
 ``Connection`` works: the transport feeds it what the socket read and writes what it says.
 
 * :meth:`ClientSession.receive_data` decodes bytes (decompressed by the session once snappy
-  or deflate is negotiated) and returns typed events (``protocol.session_events``): a
-  response paired with its request by token, an error reply, an unsolicited error, a
-  heartbeat (the session queues the NOP itself), the handshake's steps, the end of the
-  session. Message frames are decoded and handed to the hook ``subscribe`` set, inline:
-  no event per message.
+  or deflate is negotiated) and returns typed events (``protocol.session_events``): an error
+  reply to a request, an unsolicited error, a heartbeat (the session queues the NOP
+  itself), the handshake's steps, the end of the session. The two frames of the hot paths
+  are handed over inline, in the order read, with no event object: a response, paired with
+  its request, to ``on_response(token, data)`` (sequential publishing is one response per
+  read), and a message, decoded, to the hook ``subscribe`` set (consuming).
 * :meth:`~ClientSession.initiate`, :meth:`~ClientSession.send_request` and
   :meth:`~ClientSession.subscribe` return what to write and, for commands nsqd answers, a
   token (the transport keys its waiters by token) and the request's deadline.
@@ -19,10 +20,10 @@
   over bytes already read: the answer and the compressed ``OK`` can come in one read), then
   AUTH when nsqd requires it. A server answering ``HTTP/`` is an HTTP port.
 * Deadlines are decisions: :meth:`~ClientSession.next_deadline` says when to look again and
-  :meth:`~ClientSession.expired` what has expired: the handshake (``connect_timeout``), a
-  request (its own timeout, at most ``request_timeout`` by default: a late answer would
-  pair with the wrong request, so the session ends) and the link (no bytes for two
-  heartbeat intervals and a second).
+  :meth:`~ClientSession.expired` what has expired: the handshake (each answer within
+  ``request_timeout``, the whole within ``connect_timeout``), a request (its own timeout,
+  ``request_timeout`` by default: a late answer would pair with the wrong request, so the
+  session ends) and the link (no bytes for two heartbeat intervals and a second).
 * Every request waiting is answered or failed: a fatal error frame, a protocol violation,
   an expired deadline or the end of the connection fails all of them (then
   ``SessionFailed`` or ``Closed``); a non-fatal error fails only its own.
@@ -64,7 +65,6 @@ from smartnsq.protocol.session_events import (
     Event,
     Ready,
     RequestFailed,
-    Response,
     SessionFailed,
     UnsolicitedError,
 )
@@ -79,9 +79,11 @@ from smartnsq.protocol.session_states import (
     State,
 )
 
-__all__ = ["ClientSession", "SubscribeKind"]
+__all__ = ["ClientSession", "ResponseHook", "SubscribeKind"]
 
 M = TypeVar("M", bound=MessageFrame)
+#: Takes nsqd's answer (the response frame's data) to the request of a token.
+ResponseHook = Callable[[int, bytes], None]
 
 # Errors answering FIN, REQ and TOUCH, which have no reply on success: never the answer to a
 # request waiting (go-nsq and the Java SDK treat them alike).
@@ -91,9 +93,6 @@ _STATE_COMMANDS = frozenset({"IDENTIFY", "AUTH", "CLS"}) | SUBSCRIBE_COMMANDS
 _OWN_METHOD = frozenset({"IDENTIFY", "AUTH"}) | SUBSCRIBE_COMMANDS
 # What a subscribed connection's unsolicited errors answer: the consumer's FIN, REQ, TOUCH.
 _MESSAGE_COMMAND = "FIN"
-# Builds an event from a tuple without the Python-level __new__ of a NamedTuple (a third of
-# the cost): used for the one event per response.
-_new_event = tuple.__new__
 
 
 class SubscribeKind(enum.StrEnum):
@@ -120,6 +119,7 @@ class ClientSession:
         self,
         identify: IdentifyRequest,
         *,
+        on_response: ResponseHook,
         address: str = "",
         auth_secret: str | bytes | None = None,
         request_timeout: float = 10.0,
@@ -128,6 +128,7 @@ class ClientSession:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.address = address
+        self._on_response = on_response
         self._identify_request = identify
         self._auth_secret = auth_secret
         self._request_timeout = request_timeout
@@ -144,13 +145,14 @@ class ClientSession:
         self._accept_messages = False  # the state accepts message frames
         self._hold = False  # the transport is starting TLS: decode nothing until it is up
         self._nop_owed = False  # a heartbeat during the handshake, answered once ready
-        # Requests waiting for their answer, oldest first: (token, command). Tokens grow by
-        # one per request, so the oldest's token tells which of the others were answered.
-        self._pending: deque[tuple[int, str]] = deque()
-        # The candidates for the earliest deadline, (deadline, token, timeout), deadlines
-        # growing: a request answered before another with an earlier deadline can never be
-        # the earliest, so it is not kept (a sliding-window minimum, O(1) per request).
-        self._deadlines: deque[tuple[float, int, float]] = deque()
+        # Requests waiting for their answer, oldest first: (token, command, deadline,
+        # timeout). Tokens grow by one per request: the oldest's tells which were answered.
+        # Those that wait the whole request_timeout are due in the order sent; those cut
+        # shorter are also candidates for the earliest deadline, (deadline, token), deadlines
+        # growing: one answered before another due earlier can never be the earliest, so it
+        # is not kept (a sliding-window minimum, O(1) per request).
+        self._pending: deque[tuple[int, str, float, float]] = deque()
+        self._cut_short: deque[tuple[float, int]] = deque()
         self._next_token = 1
         self._sub_token = 0  # the SUB waiting for its OK
         # The handshake ends within handshake_timeout, and each of its answers comes within
@@ -215,11 +217,10 @@ class ClientSession:
         self._await_step("IDENTIFY")
         return commands.MAGIC_V2 + self._identify_request.encode()
 
-    def send_request(
-        self, data: bytes, command: str, timeout: float | None = None
-    ) -> tuple[int, float]:
-        """Queue a command nsqd answers (``data`` is written by the transport); returns its
-        token and its deadline (``timeout``, or ``request_timeout``, from now).
+    def send_request(self, command: str, timeout: float | None = None) -> tuple[int, float]:
+        """A command nsqd answers (``command`` names it: ``PUB``, ``MPUB``, ``CLS``...) is
+        being written: its token and its deadline, ``timeout`` from now when shorter than
+        ``request_timeout``, which bounds every request.
 
         Raises :class:`ConnectionClosedError` once the session ended and
         :class:`ProtocolError` for a command its state does not take (SUB goes through
@@ -300,51 +301,45 @@ class ClientSession:
     def _queue(self, command: str, timeout: float | None) -> tuple[int, float]:
         token = self._next_token
         self._next_token = token + 1
-        self._pending.append((token, command))
-        if timeout is None:
-            timeout = self._request_timeout
+        limit = self._request_timeout
+        if timeout is None or timeout >= limit:
+            deadline = self._clock() + limit
+            self._pending.append((token, command, deadline, limit))
+            return token, deadline
         deadline = self._clock() + timeout
-        watch = self._deadlines
-        oldest = self._pending[0][0]
-        while watch and watch[0][1] < oldest:
-            watch.popleft()  # answered
-        while watch and watch[-1][0] >= deadline:
-            watch.pop()  # answered before this one, and due no earlier: never the earliest
-        watch.append((deadline, token, timeout))
+        pending = self._pending
+        pending.append((token, command, deadline, timeout))
+        cut = self._cut_short
+        oldest = pending[0][0]
+        while cut and cut[0][1] < oldest:
+            cut.popleft()  # answered
+        while cut and cut[-1][0] >= deadline:
+            cut.pop()  # answered before this one, and due no earlier: never the earliest
+        cut.append((deadline, token))
         return token, deadline
 
     # ------------------------------------------------------------------ receiving
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[Event]:
-        """Feed what the socket read; the events it completes, in order. Never raises for
-        what the server sent: a violation is a ``SessionFailed`` event with a
+        """Feed what the socket read; the events it completes, in order. Responses go to
+        ``on_response`` and messages to the subscription's hook as they are decoded. Never
+        raises for what the server sent: a violation is a ``SessionFailed`` event with a
         :class:`ProtocolError`."""
         self._last_received = self._clock()
+        events: list[Event] = []
         if self._ended:
-            return []
+            return events
         try:
             self._decoder.feed(data)
         except ProtocolError as exc:  # a corrupt compressed stream
-            return self._failed(exc)
+            self._fail(exc, events)
+            return events
         if self._hold:
-            return []
-        return self._process()
-
-    def tls_started(self) -> list[Event]:
-        """The transport's TLS is up: nsqd's ``OK`` comes over it."""
-        if self._state is not State.TLS or not self._hold:
-            raise ProtocolError(f"TLS started with the session {self._state}")
-        self._hold = False
-        return self._process()
-
-    def _process(self) -> list[Event]:
-        events: list[Event] = []
+            return events
         next_frame = self._decoder.next_frame
         pending = self._pending
-        decode = decode_message
-        layout = self.layout
-        message_class = self._message_class
         on_message = self._on_message if self._accept_messages else None
+        decode: Callable[..., MessageFrame] | None = None  # bound at the read's first message
         while True:
             try:
                 frame = next_frame()
@@ -359,24 +354,31 @@ class ClientSession:
                 if on_message is None:
                     self._fail(ProtocolError(f"a message frame while {self._state}"), events)
                     return events
+                if decode is None:
+                    decode, layout, cls = decode_message, self.layout, self._message_class
                 try:
-                    message = decode(data, layout, message_class)
+                    message = decode(data, layout, cls)
                 except ProtocolError as exc:
                     self._fail(exc, events)
                     return events
                 self.messages_received += 1
                 on_message(message)
             elif pending and frame_type != FRAME_TYPE_ERROR and data != HEARTBEAT:
-                token, _ = pending.popleft()
+                token = pending.popleft()[0]
                 if token == self._sub_token:
                     if not self._subscribed(token, data, events):
                         return events
                     on_message = self._on_message
-                events.append(_new_event(Response, (token, data)))
+                self._on_response(token, data)
             elif not self._other_frame(frame_type, data, events):
                 return events
-            else:
-                layout = self.layout  # the handshake decides it
+
+    def tls_started(self) -> list[Event]:
+        """The transport's TLS is up: nsqd's ``OK`` comes over it."""
+        if self._state is not State.TLS or not self._hold:
+            raise ProtocolError(f"TLS started with the session {self._state}")
+        self._hold = False
+        return self.receive_data(b"")  # what was read meanwhile
 
     def _other_frame(self, frame_type: int, data: bytes, events: list[Event]) -> bool:
         """A heartbeat, an error frame, or a response that answers no request (the
@@ -432,7 +434,7 @@ class ClientSession:
             self._fail(error, events)
             return False
         if solicited:
-            token, _ = pending.popleft()
+            token = pending.popleft()[0]
             events.append(RequestFailed(token, error))
         else:
             events.append(UnsolicitedError(error))
@@ -547,8 +549,8 @@ class ClientSession:
             return None
         deadline = None if self._handshake_deadline is None else self._handshake_deadline[0]
         request = self._earliest_request()
-        if request is not None and (deadline is None or request[0] < deadline):
-            deadline = request[0]
+        if request is not None and (deadline is None or request[2] < deadline):
+            deadline = request[2]
         limit = self._silence_limit
         if limit is not None and self._requests_open:
             silent_at = self._last_received + limit
@@ -571,9 +573,8 @@ class ClientSession:
                 f"({step}) within {limit} s: is it an nsqd TCP port (default 4150), and is "
                 "that nsqd responsive?"
             )
-        elif request is not None and now >= request[0]:
-            _, token, timeout = request
-            command = self._pending[token - self._pending[0][0]][1]
+        elif request is not None and now >= request[2]:
+            _, command, _, timeout = request
             error = NSQTimeoutError(f"{command} to {self.address}: no answer within {timeout} s")
         elif self._silence_limit is not None and self._requests_open:
             silent = now - self._last_received
@@ -583,17 +584,24 @@ class ClientSession:
             return []
         return self._failed(error)
 
-    def _earliest_request(self) -> tuple[float, int, float] | None:
-        """The earliest deadline of a request still waiting."""
-        watch = self._deadlines
+    def _earliest_request(self) -> tuple[int, str, float, float] | None:
+        """The request waiting that is due first: (token, command, deadline, timeout)."""
         pending = self._pending
+        cut = self._cut_short
         if not pending:
-            watch.clear()
+            cut.clear()
             return None
         oldest = pending[0][0]
-        while watch[0][1] < oldest:
-            watch.popleft()  # answered
-        return watch[0]
+        while cut and cut[0][1] < oldest:
+            cut.popleft()  # answered
+        earliest = None
+        for entry in pending:  # the oldest that waits the whole request_timeout
+            if entry[3] >= self._request_timeout:
+                earliest = entry
+                break
+        if cut and (earliest is None or cut[0][0] < earliest[2]):
+            earliest = pending[cut[0][1] - oldest]
+        return earliest
 
     # ------------------------------------------------------------------ the end
 
@@ -620,9 +628,9 @@ class ClientSession:
         events.append(SessionFailed(error))
 
     def _fail_pending(self, error: NSQError) -> list[Event]:
-        failed: list[Event] = [RequestFailed(token, error) for token, _ in self._pending]
+        failed: list[Event] = [RequestFailed(token, error) for token, *_ in self._pending]
         self._pending.clear()
-        self._deadlines.clear()
+        self._cut_short.clear()
         self._handshake_deadline = None
         return failed
 

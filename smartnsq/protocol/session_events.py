@@ -1,8 +1,9 @@
 """What a client session reports to its transport (``ClientSession.receive_data``,
 ``expired``, ``connection_lost``): typed events, each a small immutable value.
 
-Message frames are not events: the session hands each decoded message to the hook that
-``subscribe`` set, inline, so that consuming costs no object per message beyond the message.
+The two frames of the hot paths are not events: a response goes to the session's
+``on_response(token, data)`` and a message to the hook ``subscribe`` set, inline, so that
+publishing and consuming cost no object per frame.
 """
 
 from __future__ import annotations
@@ -21,18 +22,10 @@ __all__ = [
     "Heartbeat",
     "Ready",
     "RequestFailed",
-    "Response",
     "SessionFailed",
     "StartTLS",
     "UnsolicitedError",
 ]
-
-
-class Response(NamedTuple):
-    """nsqd's answer to the request ``token`` (the response frame's data)."""
-
-    token: int
-    data: bytes
 
 
 class RequestFailed(NamedTuple):
@@ -77,16 +70,7 @@ class Closed(NamedTuple):
     error: NSQError
 
 
-Event = (
-    Response
-    | RequestFailed
-    | UnsolicitedError
-    | Heartbeat
-    | StartTLS
-    | Ready
-    | SessionFailed
-    | Closed
-)
+Event = RequestFailed | UnsolicitedError | Heartbeat | StartTLS | Ready | SessionFailed | Closed
 
 HEARTBEAT_EVENT = Heartbeat()
 START_TLS = StartTLS()

@@ -39,7 +39,6 @@ from smartnsq.protocol.session_events import (
     Event,
     Ready,
     RequestFailed,
-    Response,
     SessionFailed,
     UnsolicitedError,
 )
@@ -59,9 +58,25 @@ class Clock:
         return self.now
 
 
+class Recorded(ClientSession):
+    """A session whose answers (paired inline, not events) are kept in the order read."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.answers: list[tuple[int, bytes]] = []
+        super().__init__(*args, on_response=self._answered, **kwargs)
+
+    def _answered(self, token: int, data: bytes) -> None:
+        self.answers.append((token, data))
+
+    def take(self) -> list[tuple[int, bytes]]:
+        """The answers paired since the last call."""
+        answers, self.answers = self.answers, []
+        return answers
+
+
 def _session(
     clock: Clock | None = None, *, extend_support: bool | None = None, **options: Any
-) -> ClientSession:
+) -> Recorded:
     identify = {
         key: options.pop(key)
         for key in ("heartbeat_interval", "tls_v1", "snappy", "deflate", "deflate_level")
@@ -70,10 +85,10 @@ def _session(
     request = IdentifyRequest(
         client_id="c", hostname="h", user_agent="u", extend_support=extend_support, **identify
     )
-    return ClientSession(request, address=ADDRESS, clock=clock or Clock(), **options)
+    return Recorded(request, address=ADDRESS, clock=clock or Clock(), **options)
 
 
-def _ready(answer: bytes = YOUZAN_ANSWER, **options: Any) -> ClientSession:
+def _ready(answer: bytes = YOUZAN_ANSWER, **options: Any) -> Recorded:
     session = _session(**options)
     session.initiate()
     events = session.receive_data(answer)
@@ -170,7 +185,7 @@ class Replay:
         elif name == "FIN" and self.messages and data[4:20] == self.messages[-1].id:
             assert commands.fin(self.messages[-1].id) == data
         elif name not in ("FIN", "REQ", "TOUCH", "RDY"):
-            token, _ = session.send_request(data, name)
+            token, _ = session.send_request(name)
             self.pending.append((token, name))
 
     def server(self, data: bytes) -> None:
@@ -200,7 +215,8 @@ class Replay:
             assert session.identify == IdentifyResponse.decode(body)
         else:
             token, name = self.pending.popleft()
-            assert events == [Response(token, body)]
+            assert events == []
+            assert session.take() == [(token, body)]
             if name.startswith("SUB"):
                 assert session.state is State.SUBSCRIBED
             if name == "CLS":
@@ -317,8 +333,9 @@ def test_tls_then_snappy_then_auth() -> None:
     assert session.auth == AuthResponse("billing", "", 2)
     assert session.compress is not None
     # both directions stay compressed
-    token, _ = session.send_request(commands.pub("t", b"x"), "PUB")
-    assert session.receive_data(server.compress(encode_response(OK))) == [Response(token, OK)]
+    token, _ = session.send_request("PUB")
+    assert session.receive_data(server.compress(encode_response(OK))) == []
+    assert session.take() == [(token, OK)]
     assert SnappyCodec().decompress(session.compress(b"NOP\n")).endswith(b"NOP\n")
 
 
@@ -454,14 +471,14 @@ def test_a_message_before_subs_ok_is_a_protocol_error(subscribing: bool) -> None
 
 def test_frames_after_a_fatal_error_are_dropped() -> None:
     session = _ready()
-    _token, _ = session.send_request(commands.pub("t", b"x", 7), "PUB")
+    _token, _ = session.send_request("PUB")
     late = encode_response(HEARTBEAT) + encode_response(OK)
     events = session.receive_data(encode_error(b"E_TOPIC_NOT_EXIST ") + late)
     assert _shape(events)[-1][0] is SessionFailed
     assert session.receive_data(late) == []
     assert session.data_to_send() == b""  # no NOP for a heartbeat after the end
     with pytest.raises(e.ConnectionClosedError):
-        session.send_request(commands.pub("t", b"x"), "PUB")
+        session.send_request("PUB")
 
 
 def test_a_sub_answered_with_something_else_than_ok() -> None:
@@ -485,7 +502,7 @@ def test_a_sub_answered_with_something_else_than_ok() -> None:
 )
 def test_corrupt_frames(data: bytes) -> None:
     session = _ready()
-    _token, _ = session.send_request(commands.pub("t", b"x"), "PUB")
+    _token, _ = session.send_request("PUB")
     events = session.receive_data(data)
     assert [type(event) for event in events] == [RequestFailed, SessionFailed]
     assert isinstance(events[-1].error, e.ProtocolError)  # type: ignore[union-attr]
@@ -513,42 +530,35 @@ def test_every_state_has_a_row() -> None:
 
 def test_pipelined_answers_pair_in_order_around_heartbeats() -> None:
     session = _ready()
-    tokens = [session.send_request(commands.pub("t", b"%d" % i), "PUB")[0] for i in range(3)]
+    tokens = [session.send_request("PUB")[0] for _ in range(3)]
     read = encode_response(OK) + encode_response(HEARTBEAT) + encode_response(OK) * 2
-    events = session.receive_data(read)
-    assert events == [
-        Response(tokens[0], OK),
-        HEARTBEAT_EVENT,
-        *(Response(t, OK) for t in tokens[1:]),
-    ]
+    assert session.receive_data(read) == [HEARTBEAT_EVENT]
+    assert session.take() == [(token, OK) for token in tokens]
     assert session.data_to_send() == commands.NOP
     assert session.pending_count == 0
 
 
 def test_a_non_fatal_error_fails_only_its_request() -> None:
     session = _ready()
-    first, _ = session.send_request(commands.pub("t", b"a"), "PUB")
-    ext, _ = session.send_request(commands.pub_ext("t", b"b", {"k": "v"}), "PUB_EXT")
-    last, _ = session.send_request(commands.pub("t", b"c"), "PUB")
+    first, _ = session.send_request("PUB")
+    ext, _ = session.send_request("PUB_EXT")
+    last, _ = session.send_request("PUB")
     read = (
         encode_response(OK)
         + encode_error(b"E_EXT_NOT_SUPPORT ext content not supported")
         + encode_response(OK)
     )
     events = session.receive_data(read)
-    assert [(type(ev), ev[0]) for ev in events] == [
-        (Response, first),
-        (RequestFailed, ext),
-        (Response, last),
-    ]
-    assert isinstance(events[1].error, e.ExtNotSupportedError)  # type: ignore[union-attr]
-    assert not events[1].error.fatal  # type: ignore[union-attr]
+    assert session.take() == [(first, OK), (last, OK)]
+    assert [(type(ev), ev[0]) for ev in events] == [(RequestFailed, ext)]
+    assert isinstance(events[0].error, e.ExtNotSupportedError)  # type: ignore[union-attr]
+    assert not events[0].error.fatal  # type: ignore[union-attr]
     assert session.state is State.READY
 
 
 def test_a_fatal_error_fails_every_request_waiting() -> None:
     session = _ready()
-    tokens = [session.send_request(commands.pub("t", b"x", 7), "PUB")[0] for _ in range(3)]
+    tokens = [session.send_request("PUB")[0] for _ in range(3)]
     events = session.receive_data(encode_error(b"E_TOPIC_NOT_EXIST "))
     assert [(type(ev), getattr(ev, "token", None)) for ev in events] == [
         *((RequestFailed, token) for token in tokens),
@@ -565,11 +575,12 @@ def test_errors_of_fin_req_touch_never_answer_a_request() -> None:
         SubscribeKind.PLAIN, "t", "c", 0, on_message=print, message_class=MessageFrame
     )
     session.receive_data(encode_response(OK))
-    token, _ = session.send_request(commands.cls(), "CLS")
+    token, _ = session.send_request("CLS")
     events = session.receive_data(encode_error(b"E_FIN_FAILED FIN 1 failed ID not in flight"))
     assert [type(event) for event in events] == [UnsolicitedError]
     assert isinstance(events[0].error, e.FinFailedError)  # type: ignore[union-attr]
-    assert session.receive_data(encode_response(CLOSE_WAIT)) == [Response(token, CLOSE_WAIT)]
+    assert session.receive_data(encode_response(CLOSE_WAIT)) == []
+    assert session.take()[-1] == (token, CLOSE_WAIT)
 
 
 def test_an_unsolicited_fatal_error_is_reported_then_ends_the_session() -> None:
@@ -587,15 +598,15 @@ def test_an_unsolicited_fatal_error_is_reported_then_ends_the_session() -> None:
 def test_what_each_state_refuses_to_send() -> None:
     session = _session()
     with pytest.raises(e.ProtocolError, match="the session is connected"):
-        session.send_request(commands.pub("t", b"x"), "PUB")
+        session.send_request("PUB")
     session.initiate()
     with pytest.raises(e.ProtocolError, match="identifying"):
-        session.send_request(commands.pub("t", b"x"), "PUB")
+        session.send_request("PUB")
     session.receive_data(YOUZAN_ANSWER)
     with pytest.raises(e.ProtocolError, match="subscribe"):
-        session.send_request(commands.sub("t", "c", 0), "SUB")
+        session.send_request("SUB")
     with pytest.raises(e.ProtocolError, match="cannot send CLS"):
-        session.send_request(commands.cls(), "CLS")
+        session.send_request("CLS")
     session.subscribe(
         SubscribeKind.PLAIN, "t", "c", 0, on_message=print, message_class=MessageFrame
     )
@@ -605,7 +616,7 @@ def test_what_each_state_refuses_to_send() -> None:
         )
     session.connection_lost(e.ConnectionClosedError("gone"))
     with pytest.raises(e.ConnectionClosedError):
-        session.send_request(commands.pub("t", b"x"), "PUB")
+        session.send_request("PUB")
 
 
 def test_subscribe_checks_its_arguments_before_anything_is_sent() -> None:
@@ -641,7 +652,8 @@ def test_subscribe_owns_the_layout(kind: SubscribeKind) -> None:
         kind, "t", "c", 0, on_message=got.append, message_class=MessageFrame
     )
     assert data.startswith(kind.value.encode() + b" t c 0")
-    assert session.receive_data(encode_response(OK)) == [Response(token, OK)]
+    assert session.receive_data(encode_response(OK)) == []
+    assert session.take() == [(token, OK)]
     detail = kind is not SubscribeKind.PLAIN
     assert session.layout.detail == detail
     assert session.layout.ext
@@ -674,9 +686,9 @@ def test_for_partition() -> None:
 def test_a_shorter_timeout_on_a_later_request_expires_first() -> None:
     clock = Clock()
     session = _ready(clock=clock, request_timeout=10.0, heartbeat_interval=-1)
-    session.send_request(commands.pub("t", b"a"), "PUB")
+    session.send_request("PUB")
     clock.now = 101.0
-    _, deadline = session.send_request(commands.pub("t", b"b"), "MPUB", timeout=2.0)
+    _, deadline = session.send_request("MPUB", timeout=2.0)
     assert deadline == session.next_deadline() == pytest.approx(103.0)
     assert session.expired(102.9) == []
     events = session.expired(103.0)
@@ -688,12 +700,12 @@ def test_answered_requests_leave_no_deadline() -> None:
     clock = Clock()
     session = _ready(clock=clock, heartbeat_interval=-1)
     for _ in range(1000):
-        session.send_request(commands.pub("t", b"x"), "PUB")
+        session.send_request("PUB")
         session.receive_data(encode_response(OK))
         clock.now += 0.01
     assert session.next_deadline() is None
     assert session.expired(clock.now + 1000) == []
-    _token, deadline = session.send_request(commands.pub("t", b"x"), "PUB")
+    _token, deadline = session.send_request("PUB")
     assert session.next_deadline() == deadline == pytest.approx(clock.now + 10.0)
 
 
@@ -712,7 +724,7 @@ def test_a_silent_link_expires() -> None:
 
 def test_connection_lost_fails_every_request() -> None:
     session = _ready()
-    tokens = [session.send_request(commands.pub("t", b"x"), "PUB")[0] for _ in range(2)]
+    tokens = [session.send_request("PUB")[0] for _ in range(2)]
     error = e.ConnectionClosedError("connection closed by nsqd", ADDRESS)
     events = session.connection_lost(error)
     assert events == [*(RequestFailed(token, error) for token in tokens), Closed(error)]
@@ -725,7 +737,6 @@ def test_connection_lost_fails_every_request() -> None:
 # ---------------------------------------------------------------------- any server, any cuts
 
 EVENT_TYPES = (
-    Response,
     RequestFailed,
     UnsolicitedError,
     type(HEARTBEAT_EVENT),
@@ -776,8 +787,9 @@ def _any_frames(detail: bool) -> st.SearchStrategy[bytes]:
 
 class SessionMachine(RuleBasedStateMachine):
     """Any sequence of server frames, cut anywhere, against requests, a subscription, time
-    and the end of the connection: only typed events come out, every request is answered
-    or failed once (all of them by the end), and every heartbeat gets its NOP."""
+    and the end of the connection: only typed events come out (and answers, in order),
+    every request is answered or failed once (all of them by the end), and every heartbeat
+    gets its NOP."""
 
     @initialize(
         answer=st.sampled_from([YOUZAN_ANSWER, CLASSIC_ANSWER, encode_response(OK)]),
@@ -806,15 +818,17 @@ class SessionMachine(RuleBasedStateMachine):
                 self.check(self.session.receive_data(encode_response(OK)))
 
     def check(self, events: list[Event]) -> None:
+        answers = [token for token, _ in self.session.take()]
+        assert not answers or not self.ended, "answers after the end"
+        assert answers == sorted(answers)  # paired in the order sent
+        for token in answers:
+            self.answer(token)
         heartbeats = 0
         for event in events:
             assert isinstance(event, EVENT_TYPES), event
             assert not self.ended, f"{event} after the end"
-            if isinstance(event, (Response, RequestFailed)):
-                assert event.token in self.sent
-                assert event.token not in self.answered
-                assert all(event.token > token for token in self.answered if token)
-                self.answered.add(event.token)
+            if isinstance(event, RequestFailed):
+                self.answer(event.token)
             if isinstance(event, (RequestFailed, UnsolicitedError, SessionFailed, Closed)):
                 assert isinstance(event.error, e.NSQError)
             if isinstance(event, (SessionFailed, Closed)):
@@ -825,19 +839,24 @@ class SessionMachine(RuleBasedStateMachine):
             assert self.session.pending_count == 0
             assert set(self.sent) == self.answered
 
+    def answer(self, token: int) -> None:
+        assert token in self.sent
+        assert token not in self.answered  # once
+        self.answered.add(token)
+
     @rule()
     def request(self) -> None:
         if self.session.accepts_requests:
-            token, _ = self.session.send_request(commands.pub("t", b"x"), "PUB")
+            token, _ = self.session.send_request("PUB")
             self.sent.append(token)
         else:
             with pytest.raises((e.ProtocolError, e.ConnectionClosedError)):
-                self.session.send_request(commands.pub("t", b"x"), "PUB")
+                self.session.send_request("PUB")
 
     @rule()
     def close_subscription(self) -> None:
         if self.session.state is State.SUBSCRIBED:
-            token, _ = self.session.send_request(commands.cls(), "CLS")
+            token, _ = self.session.send_request("CLS")
             self.sent.append(token)
 
     @rule(data=st.data())
