@@ -14,6 +14,7 @@ from smartnsq import errors as e
 from smartnsq.protocol import commands as c
 from smartnsq.protocol.message import MessageFrame
 from smartnsq.protocol.responses import CLOSE_WAIT, OK
+from smartnsq.protocol.session import SubscribeKind
 from smartnsq.testing import Cluster
 from smartnsq.testing.tls import self_signed_contexts
 from smartnsq.transport.connection import FLUSH_AT, Connection, ConnectionConfig
@@ -37,14 +38,15 @@ async def _consume(conn: Connection, count: int) -> list[MessageFrame]:
     got: list[MessageFrame] = []
     done = asyncio.get_running_loop().create_future()
 
-    def on_message(connection: Connection, message: MessageFrame) -> None:
+    def on_message(message: MessageFrame) -> None:
         got.append(message)
-        connection.send(c.fin(message.id))
+        conn.send(c.fin(message.id))
         if len(got) == count and not done.done():
             done.set_result(None)
 
-    conn.on_message = on_message
-    assert await conn.request(c.sub("t", "c", 0), "SUB") == OK
+    await conn.subscribe(
+        SubscribeKind.PLAIN, "t", "c", 0, on_message=on_message, message_class=MessageFrame
+    )
     conn.send(c.rdy(100))
     await asyncio.wait_for(done, 5)
     return got
@@ -242,7 +244,7 @@ async def test_dead_server_is_detected(single: Cluster) -> None:
     conn = await _open(single.nsqd_addresses[0], heartbeat_interval=1.0)
     single.suspend_heartbeats(0)
     closed = asyncio.get_running_loop().create_future()
-    conn.on_close = lambda _conn, exc: closed.set_result(exc)
+    conn.set_close_callback(lambda _conn, exc: closed.set_result(exc))
     error = await asyncio.wait_for(closed, 6)
     assert isinstance(error, e.NSQTimeoutError)
     assert "no heartbeat" in str(error)
@@ -279,11 +281,16 @@ async def test_close_fails_pending_and_leaks_nothing(single: Cluster) -> None:
 
 async def test_cls_and_unsolicited_errors(single: Cluster) -> None:
     errors: list[e.ServerError] = []
-    conn = Connection(single.nsqd_addresses[0], on_error=lambda _c, err: errors.append(err))
-    await conn.connect()
-    conn.unsolicited_command = "FIN"
-    conn.on_message = lambda connection, message: None
-    assert await conn.request(c.sub("t", "c", 0), "SUB") == OK
+    conn = await _open(single.nsqd_addresses[0])
+    await conn.subscribe(
+        SubscribeKind.PLAIN,
+        "t",
+        "c",
+        0,
+        on_message=lambda message: None,
+        message_class=MessageFrame,
+        on_error=errors.append,
+    )
     # not in flight: E_FIN_FAILED, non-fatal (an internal id of 0 would be a fatal E_INVALID)
     conn.send(c.fin(bytes(7) + b"\x01" + bytes(8)))
     assert await conn.request(c.cls(), "CLS") == CLOSE_WAIT
