@@ -34,7 +34,7 @@ from smartnsq.flow.retry import Backoff, is_retriable, needs_lookup_refresh
 from smartnsq.protocol.commands import StartPosition
 from smartnsq.protocol.lookupd import Node, TopicLayout
 from smartnsq.protocol.message import MessageFrame
-from smartnsq.protocol.session import SubscribeKind
+from smartnsq.protocol.session import SubscribeCommand, SubscribeKind
 from smartnsq.transport.connection import Connection, ConnectionConfig
 from smartnsq.transport.httpclient import new_http_client
 from smartnsq.transport.lookup import LookupManager
@@ -399,11 +399,9 @@ class Subscriber:
             # carry their queue offset and size). A start position is never put on the wire
             # (the 5-word form subscribes to the node's default partition, whatever partition
             # it names): the channel is positioned over HTTP.
+            kind = SubscribeKind.for_partition(partition, ordered=self.ordered)
             await conn.subscribe(
-                SubscribeKind.for_partition(partition, ordered=self.ordered),
-                self.topic,
-                self.channel,
-                partition,
+                SubscribeCommand(kind, self.topic, self.channel, partition),
                 on_message=functools.partial(listener.on_message, sub, conn),
                 message_class=Message,
                 on_error=functools.partial(listener.on_server_error, sub, conn),

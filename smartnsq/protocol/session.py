@@ -37,6 +37,7 @@ import enum
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 from smartnsq.errors import (
@@ -79,7 +80,7 @@ from smartnsq.protocol.session_states import (
     State,
 )
 
-__all__ = ["ClientSession", "ResponseHook", "SubscribeKind"]
+__all__ = ["ClientSession", "ResponseHook", "SubscribeCommand", "SubscribeKind"]
 
 M = TypeVar("M", bound=MessageFrame)
 #: Takes nsqd's answer (the response frame's data) to the request of a token.
@@ -109,6 +110,31 @@ class SubscribeKind(enum.StrEnum):
         if partition is None:
             return cls.PLAIN
         return cls.ORDERED if ordered else cls.ADVANCED
+
+
+@dataclass(frozen=True)
+class SubscribeCommand:
+    """What a connection subscribes to: the SUB command of ``kind`` for a channel of a topic
+    (youzan: of one partition), SUB_ADVANCED from ``start`` when given."""
+
+    kind: SubscribeKind
+    topic: str
+    channel: str
+    partition: int | None = None
+    start: commands.StartPosition | None = None
+
+    def encode(self) -> bytes:
+        """The command's bytes; a bad argument raises :class:`ValidationError`."""
+        kind, partition = self.kind, self.partition
+        if self.start is not None and kind is not SubscribeKind.ADVANCED:
+            raise ValidationError("start", "only SUB_ADVANCED takes a start position")
+        if kind is SubscribeKind.PLAIN:
+            return commands.sub(self.topic, self.channel, partition)
+        if partition is None:
+            raise ValidationError("partition", f"{kind.value} needs a partition")
+        if kind is SubscribeKind.ORDERED:
+            return commands.sub_ordered(self.topic, self.channel, partition)
+        return commands.sub_advanced(self.topic, self.channel, partition, self.start)
 
 
 class ClientSession:
@@ -235,35 +261,17 @@ class ClientSession:
         return self._queue(command, timeout)
 
     def subscribe(
-        self,
-        kind: SubscribeKind,
-        topic: str,
-        channel: str,
-        partition: int | None = None,
-        *,
-        on_message: Callable[[M], None],
-        message_class: type[M],
-        start: commands.StartPosition | None = None,
+        self, command: SubscribeCommand, *, on_message: Callable[[M], None], message_class: type[M]
     ) -> tuple[bytes, int, float]:
-        """The SUB command of ``kind`` to write, its token and its deadline.
+        """The SUB ``command`` to write, its token and its deadline.
 
         From now on message frames are decoded in the layout the command asks for (the queue
         position block with SUB_ORDERED and SUB_ADVANCED) as ``message_class`` and handed to
         ``on_message`` inline, once nsqd's ``OK`` has come; errors that answer no request
-        are the consumer's FIN, REQ or TOUCH. ``start``: SUB_ADVANCED's start position.
+        are the consumer's FIN, REQ or TOUCH.
         """
-        if kind is SubscribeKind.PLAIN:
-            if start is not None:
-                raise ValidationError("start", "only SUB_ADVANCED takes a start position")
-            data = commands.sub(topic, channel, partition)
-        elif partition is None:
-            raise ValidationError("partition", f"{kind.value} needs a partition")
-        elif kind is SubscribeKind.ORDERED:
-            if start is not None:
-                raise ValidationError("start", "only SUB_ADVANCED takes a start position")
-            data = commands.sub_ordered(topic, channel, partition)
-        else:
-            data = commands.sub_advanced(topic, channel, partition, start)
+        data = command.encode()  # checked before anything changes
+        kind = command.kind
         self._transition(kind.value)
         self.subscription = kind
         self.layout = MessageLayout(

@@ -23,11 +23,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
 from smartnsq.errors import ConnectionClosedError, NSQError, NSQTimeoutError, ServerError
-from smartnsq.protocol.commands import StartPosition
 from smartnsq.protocol.identify import IdentifyResponse
 from smartnsq.protocol.message import MessageFrame, MessageLayout
 from smartnsq.protocol.responses import AuthResponse
-from smartnsq.protocol.session import SubscribeKind
+from smartnsq.protocol.session import SubscribeCommand
 from smartnsq.protocol.session_events import (
     Closed,
     Event,
@@ -188,15 +187,11 @@ class Connection(ReusableReadBuffer, CoalescingWriter):
 
     async def subscribe(
         self,
-        kind: SubscribeKind,
-        topic: str,
-        channel: str,
-        partition: int | None = None,
+        command: SubscribeCommand,
         *,
         on_message: Callable[[M], None],
         message_class: type[M],
         on_error: Callable[[ServerError], None] | None = None,
-        start: StartPosition | None = None,
     ) -> None:
         """Subscribe and wait for nsqd's ``OK``. Each message is then decoded as
         ``message_class`` and handed to ``on_message`` as it is read; ``on_error`` gets the
@@ -205,13 +200,7 @@ class Connection(ReusableReadBuffer, CoalescingWriter):
         if self._closed or self._loop is None:
             raise ConnectionClosedError("connection is closed", self.address)
         data, token, deadline = self._session.subscribe(
-            kind,
-            topic,
-            channel,
-            partition,
-            on_message=on_message,
-            message_class=message_class,
-            start=start,
+            command, on_message=on_message, message_class=message_class
         )
         self._on_error = on_error
         await self._waiter(token, deadline, data)

@@ -60,7 +60,7 @@ from smartnsq.flow.retry import Backoff
 from smartnsq.protocol import commands
 from smartnsq.protocol.lookupd import Node, TopicLayout
 from smartnsq.protocol.message import MessageFrame
-from smartnsq.protocol.session import SubscribeKind
+from smartnsq.protocol.session import SubscribeCommand, SubscribeKind
 from smartnsq.protocol.validation import check_channel, check_topic
 from smartnsq.transport.connection import Connection, ConnectionConfig
 from smartnsq.transport.lookup import LookupManager
@@ -255,11 +255,9 @@ class RangeReader:
         )
         self._conn = conn
         await conn.connect()
+        kind = SubscribeKind.for_partition(self.partition, ordered=layout.ordered)
         await conn.subscribe(
-            SubscribeKind.for_partition(self.partition, ordered=layout.ordered),
-            self.topic,
-            self.channel,
-            self.partition,
+            SubscribeCommand(kind, self.topic, self.channel, self.partition),
             on_message=functools.partial(self._on_message, conn),
             message_class=MessageFrame,
             on_error=functools.partial(self._on_error, conn),

@@ -14,7 +14,7 @@ from smartnsq import errors as e
 from smartnsq.protocol import commands as c
 from smartnsq.protocol.message import MessageFrame
 from smartnsq.protocol.responses import CLOSE_WAIT, OK
-from smartnsq.protocol.session import SubscribeKind
+from smartnsq.protocol.session import SubscribeCommand, SubscribeKind
 from smartnsq.testing import Cluster
 from smartnsq.testing.tls import self_signed_contexts
 from smartnsq.transport.connection import FLUSH_AT, Connection, ConnectionConfig
@@ -45,7 +45,9 @@ async def _consume(conn: Connection, count: int) -> list[MessageFrame]:
             done.set_result(None)
 
     await conn.subscribe(
-        SubscribeKind.PLAIN, "t", "c", 0, on_message=on_message, message_class=MessageFrame
+        SubscribeCommand(SubscribeKind.PLAIN, "t", "c", 0),
+        on_message=on_message,
+        message_class=MessageFrame,
     )
     conn.send(c.rdy(100))
     await asyncio.wait_for(done, 5)
@@ -283,10 +285,7 @@ async def test_cls_and_unsolicited_errors(single: Cluster) -> None:
     errors: list[e.ServerError] = []
     conn = await _open(single.nsqd_addresses[0])
     await conn.subscribe(
-        SubscribeKind.PLAIN,
-        "t",
-        "c",
-        0,
+        SubscribeCommand(SubscribeKind.PLAIN, "t", "c", 0),
         on_message=lambda message: None,
         message_class=MessageFrame,
         on_error=errors.append,

@@ -19,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from smartnsq import errors as e
 from smartnsq.protocol import commands
+from smartnsq.protocol import session_events as ev
 from smartnsq.protocol.compression import DeflateCodec, SnappyCodec
 from smartnsq.protocol.errors import error_from_frame
 from smartnsq.protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, encode_frame
@@ -31,17 +32,7 @@ from smartnsq.protocol.message import (
 )
 from smartnsq.protocol.responses import CLOSE_WAIT, HEARTBEAT, OK, AuthResponse
 from smartnsq.protocol.server import encode_error, encode_response
-from smartnsq.protocol.session import ClientSession, SubscribeKind
-from smartnsq.protocol.session_events import (
-    HEARTBEAT_EVENT,
-    START_TLS,
-    Closed,
-    Event,
-    Ready,
-    RequestFailed,
-    SessionFailed,
-    UnsolicitedError,
-)
+from smartnsq.protocol.session import ClientSession, SubscribeCommand, SubscribeKind
 from smartnsq.protocol.session_states import ACCEPTS, SENDS, Received, State
 from tests.fixtures import server_frame, wire
 
@@ -92,8 +83,20 @@ def _ready(answer: bytes = YOUZAN_ANSWER, **options: Any) -> Recorded:
     session = _session(**options)
     session.initiate()
     events = session.receive_data(answer)
-    assert [type(event) for event in events] == [Ready]
+    assert [type(event) for event in events] == [ev.Ready]
     return session
+
+
+def _subscribe(session: ClientSession, command: SubscribeCommand | None = None) -> int:
+    """SUB (``SUB t c 0`` unless said), messages dropped; its token."""
+    command = command or SubscribeCommand(SubscribeKind.PLAIN, "t", "c", 0)
+    return session.subscribe(command, on_message=print, message_class=MessageFrame)[1]
+
+
+def _subscribed(session: ClientSession) -> None:
+    """SUB, and nsqd's OK."""
+    _subscribe(session)
+    session.receive_data(encode_response(OK))
 
 
 def _answer(**fields: Any) -> bytes:
@@ -109,16 +112,16 @@ def _pieces(data: bytes, size: int | None) -> Iterator[bytes]:
         yield data[start : start + size]
 
 
-def _shape(events: list[Event]) -> list[tuple[Any, ...]]:
+def _shape(events: list[ev.Event]) -> list[tuple[Any, ...]]:
     """Events comparable across runs (errors by type and text)."""
     shaped: list[tuple[Any, ...]] = []
     for event in events:
-        if isinstance(event, (RequestFailed,)):
-            shaped.append((RequestFailed, event.token, type(event.error), str(event.error)))
-        elif isinstance(event, (UnsolicitedError, SessionFailed, Closed)):
+        if isinstance(event, (ev.RequestFailed,)):
+            shaped.append((ev.RequestFailed, event.token, type(event.error), str(event.error)))
+        elif isinstance(event, (ev.UnsolicitedError, ev.SessionFailed, ev.Closed)):
             shaped.append((type(event), type(event.error), str(event.error)))
-        elif isinstance(event, Ready):
-            shaped.append((Ready,))
+        elif isinstance(event, ev.Ready):
+            shaped.append((ev.Ready,))
         else:
             shaped.append((type(event), *event))
     return shaped
@@ -168,13 +171,9 @@ class Replay:
             kind = SubscribeKind(name)
             start = commands.StartPosition.message_count(0) if len(words) == 5 else None
             sent, token, _ = session.subscribe(
-                kind,
-                words[1],
-                words[2],
-                int(words[3]),
+                SubscribeCommand(kind, words[1], words[2], int(words[3]), start),
                 on_message=self.messages.append,
                 message_class=MessageFrame,
-                start=start,
             )
             assert sent == data
             self.pending.append((token, name))
@@ -191,7 +190,7 @@ class Replay:
     def server(self, data: bytes) -> None:
         session = self.session
         before = session.state
-        events: list[Event] = []
+        events: list[ev.Event] = []
         for piece in _pieces(data, self.size):
             events.extend(session.receive_data(piece))
         frame_type, body = int.from_bytes(data[4:8], "big"), data[8:]
@@ -208,10 +207,10 @@ class Replay:
         elif frame_type == FRAME_TYPE_ERROR:
             assert _shape(events) == self.error_events(body)
         elif body == HEARTBEAT:
-            assert events == [HEARTBEAT_EVENT]
+            assert events == [ev.HEARTBEAT_EVENT]
             self.nop_due = True
         elif before is State.IDENTIFYING:
-            assert _shape(events) == [(Ready,)]
+            assert _shape(events) == [(ev.Ready,)]
             assert session.identify == IdentifyResponse.decode(body)
         else:
             token, name = self.pending.popleft()
@@ -230,12 +229,14 @@ class Replay:
         shape = (type(error), str(error))
         if not error.fatal and not (solicited and pending[0][1].startswith("SUB")):
             if solicited:
-                return [(RequestFailed, pending.popleft()[0], *shape)]
-            return [(UnsolicitedError, *shape)]
-        failed = [(RequestFailed, token, *shape) for token, _ in pending]
+                return [(ev.RequestFailed, pending.popleft()[0], *shape)]
+            return [(ev.UnsolicitedError, *shape)]
+        failed = [(ev.RequestFailed, token, *shape) for token, _ in pending]
         pending.clear()
         return (
-            failed + ([] if solicited else [(UnsolicitedError, *shape)]) + [(SessionFailed, *shape)]
+            failed
+            + ([] if solicited else [(ev.UnsolicitedError, *shape)])
+            + [(ev.SessionFailed, *shape)]
         )
 
 
@@ -317,7 +318,7 @@ def test_tls_then_snappy_then_auth() -> None:
     session.initiate()
     server = SnappyCodec()
     events = session.receive_data(_answer(tls_v1=True, snappy=True, auth_required=True))
-    assert events == [START_TLS]
+    assert events == [ev.START_TLS]
     assert session.state is State.TLS
     # nsqd's OK over TLS and its snappy OK arrive before the transport said TLS is up
     assert session.receive_data(encode_response(OK)) == []
@@ -329,7 +330,7 @@ def test_tls_then_snappy_then_auth() -> None:
     assert session.data_to_send() == commands.auth("s3cret")  # compressed by the transport
     answer = AuthResponse("billing", "", 2).encode()
     events = session.receive_data(server.compress(encode_response(answer)))
-    assert _shape(events) == [(Ready,)]
+    assert _shape(events) == [(ev.Ready,)]
     assert session.auth == AuthResponse("billing", "", 2)
     assert session.compress is not None
     # both directions stay compressed
@@ -348,7 +349,7 @@ def test_deflate_ok_in_the_same_read_as_the_answer(level: int) -> None:
         encode_response(OK) + encode_response(HEARTBEAT)
     )
     events = session.receive_data(read)
-    assert _shape(events) == [(Ready,), (type(HEARTBEAT_EVENT),)]
+    assert _shape(events) == [(ev.Ready,), (type(ev.HEARTBEAT_EVENT),)]
     assert session.compression == "DeflateCodec"
     assert session.data_to_send() == commands.NOP
 
@@ -357,7 +358,7 @@ def test_auth_required_without_a_secret() -> None:
     session = _session()
     session.initiate()
     events = session.receive_data(_answer(auth_required=True))
-    assert isinstance(events[-1], SessionFailed)
+    assert isinstance(events[-1], ev.SessionFailed)
     assert isinstance(events[-1].error, e.ValidationError)
     assert events[-1].error.field == "auth_secret"
 
@@ -366,9 +367,11 @@ def test_a_heartbeat_during_the_handshake_is_answered_once_ready() -> None:
     session = _session(snappy=True)
     session.initiate()
     events = session.receive_data(encode_response(HEARTBEAT) + _answer(snappy=True))
-    assert events == [HEARTBEAT_EVENT]
+    assert events == [ev.HEARTBEAT_EVENT]
     assert session.data_to_send() == b""  # NOP now would reach nsqd uncompressed
-    assert _shape(session.receive_data(SnappyCodec().compress(encode_response(OK)))) == [(Ready,)]
+    assert _shape(session.receive_data(SnappyCodec().compress(encode_response(OK)))) == [
+        (ev.Ready,)
+    ]
     assert session.data_to_send() == commands.NOP
 
 
@@ -376,7 +379,7 @@ def test_an_http_server_is_named() -> None:
     session = _session()
     session.initiate()
     events = session.receive_data(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
-    assert isinstance(events[-1], SessionFailed)
+    assert isinstance(events[-1], ev.SessionFailed)
     assert "answered in HTTP ('HTTP/1.1 400 Bad Request')" in str(events[-1].error)
     assert "HTTP port, not an nsqd TCP port" in str(events[-1].error)
 
@@ -396,7 +399,7 @@ def test_an_error_during_the_handshake_ends_it(text: bytes, error: type[e.Server
     session = _session()
     session.initiate()
     events = session.receive_data(encode_error(text))
-    assert [type(event) for event in events] == [SessionFailed]
+    assert [type(event) for event in events] == [ev.SessionFailed]
     assert isinstance(events[0].error, error)  # type: ignore[union-attr]
     assert session.state is State.ERROR
 
@@ -405,7 +408,7 @@ def test_a_corrupt_identify_answer() -> None:
     session = _session()
     session.initiate()
     events = session.receive_data(encode_response(b"{not json"))
-    assert isinstance(events[-1], SessionFailed)
+    assert isinstance(events[-1], ev.SessionFailed)
     assert isinstance(events[-1].error, e.ProtocolError)
 
 
@@ -415,7 +418,7 @@ def test_the_upgrade_must_be_confirmed_with_ok() -> None:
     events = session.receive_data(
         _answer(snappy=True) + SnappyCodec().compress(encode_response(b"NO"))
     )
-    assert isinstance(events[-1], SessionFailed)
+    assert isinstance(events[-1], ev.SessionFailed)
     assert "expected OK after the compression upgrade" in str(events[-1].error)
 
 
@@ -428,7 +431,7 @@ def test_each_handshake_answer_is_bounded() -> None:
     assert session.expired(clock.now) == []
     clock.now = 100.2
     events = session.expired(clock.now)
-    assert [type(event) for event in events] == [SessionFailed]
+    assert [type(event) for event in events] == [ev.SessionFailed]
     assert "did not answer the NSQ handshake (IDENTIFY) within 0.2 s" in str(events[0].error)
     assert session.next_deadline() is None
 
@@ -450,7 +453,7 @@ def test_the_whole_handshake_is_bounded_by_the_connect_timeout() -> None:
 def test_a_response_with_no_request_waiting_is_a_protocol_error() -> None:
     session = _ready()
     events = session.receive_data(encode_response(OK))
-    assert isinstance(events[-1], SessionFailed)
+    assert isinstance(events[-1], ev.SessionFailed)
     assert "a response with no request waiting" in str(events[-1].error)
 
 
@@ -458,14 +461,12 @@ def test_a_response_with_no_request_waiting_is_a_protocol_error() -> None:
 def test_a_message_before_subs_ok_is_a_protocol_error(subscribing: bool) -> None:
     session = _ready()
     if subscribing:
-        session.subscribe(
-            SubscribeKind.PLAIN, "t", "c", 0, on_message=print, message_class=MessageFrame
-        )
+        _subscribe(session)
     frame = encode_message_frame(1, 1, youzan_message_id(1), b"x")
     events = session.receive_data(frame)
-    assert isinstance(events[-1], SessionFailed)
+    assert isinstance(events[-1], ev.SessionFailed)
     assert "a message frame while" in str(events[-1].error)
-    failed = [event for event in events if isinstance(event, RequestFailed)]
+    failed = [event for event in events if isinstance(event, ev.RequestFailed)]
     assert len(failed) == int(subscribing)  # the SUB fails with the session
 
 
@@ -474,7 +475,7 @@ def test_frames_after_a_fatal_error_are_dropped() -> None:
     _token, _ = session.send_request("PUB")
     late = encode_response(HEARTBEAT) + encode_response(OK)
     events = session.receive_data(encode_error(b"E_TOPIC_NOT_EXIST ") + late)
-    assert _shape(events)[-1][0] is SessionFailed
+    assert _shape(events)[-1][0] is ev.SessionFailed
     assert session.receive_data(late) == []
     assert session.data_to_send() == b""  # no NOP for a heartbeat after the end
     with pytest.raises(e.ConnectionClosedError):
@@ -483,11 +484,9 @@ def test_frames_after_a_fatal_error_are_dropped() -> None:
 
 def test_a_sub_answered_with_something_else_than_ok() -> None:
     session = _ready()
-    session.subscribe(
-        SubscribeKind.PLAIN, "t", "c", 0, on_message=print, message_class=MessageFrame
-    )
+    _subscribe(session)
     events = session.receive_data(encode_response(b"WHAT"))
-    assert [type(event) for event in events] == [RequestFailed, SessionFailed]
+    assert [type(event) for event in events] == [ev.RequestFailed, ev.SessionFailed]
     assert "unexpected answer to SUB" in str(events[-1].error)  # type: ignore[union-attr]
 
 
@@ -504,18 +503,15 @@ def test_corrupt_frames(data: bytes) -> None:
     session = _ready()
     _token, _ = session.send_request("PUB")
     events = session.receive_data(data)
-    assert [type(event) for event in events] == [RequestFailed, SessionFailed]
+    assert [type(event) for event in events] == [ev.RequestFailed, ev.SessionFailed]
     assert isinstance(events[-1].error, e.ProtocolError)  # type: ignore[union-attr]
 
 
 def test_a_short_message_frame() -> None:
     session = _ready()
-    session.subscribe(
-        SubscribeKind.PLAIN, "t", "c", 0, on_message=print, message_class=MessageFrame
-    )
-    session.receive_data(encode_response(OK))
+    _subscribed(session)
     events = session.receive_data(encode_frame(FRAME_TYPE_MESSAGE, b"short"))
-    assert isinstance(events[-1], SessionFailed)
+    assert isinstance(events[-1], ev.SessionFailed)
     assert "shorter than its header" in str(events[-1].error)
 
 
@@ -532,7 +528,7 @@ def test_pipelined_answers_pair_in_order_around_heartbeats() -> None:
     session = _ready()
     tokens = [session.send_request("PUB")[0] for _ in range(3)]
     read = encode_response(OK) + encode_response(HEARTBEAT) + encode_response(OK) * 2
-    assert session.receive_data(read) == [HEARTBEAT_EVENT]
+    assert session.receive_data(read) == [ev.HEARTBEAT_EVENT]
     assert session.take() == [(token, OK) for token in tokens]
     assert session.data_to_send() == commands.NOP
     assert session.pending_count == 0
@@ -550,7 +546,7 @@ def test_a_non_fatal_error_fails_only_its_request() -> None:
     )
     events = session.receive_data(read)
     assert session.take() == [(first, OK), (last, OK)]
-    assert [(type(ev), ev[0]) for ev in events] == [(RequestFailed, ext)]
+    assert [(type(ev), ev[0]) for ev in events] == [(ev.RequestFailed, ext)]
     assert isinstance(events[0].error, e.ExtNotSupportedError)  # type: ignore[union-attr]
     assert not events[0].error.fatal  # type: ignore[union-attr]
     assert session.state is State.READY
@@ -561,8 +557,8 @@ def test_a_fatal_error_fails_every_request_waiting() -> None:
     tokens = [session.send_request("PUB")[0] for _ in range(3)]
     events = session.receive_data(encode_error(b"E_TOPIC_NOT_EXIST "))
     assert [(type(ev), getattr(ev, "token", None)) for ev in events] == [
-        *((RequestFailed, token) for token in tokens),
-        (SessionFailed, None),
+        *((ev.RequestFailed, token) for token in tokens),
+        (ev.SessionFailed, None),
     ]
     assert all(isinstance(ev.error, e.TopicNotExistError) for ev in events)  # type: ignore[union-attr]
     assert session.failure is not None
@@ -571,13 +567,10 @@ def test_a_fatal_error_fails_every_request_waiting() -> None:
 
 def test_errors_of_fin_req_touch_never_answer_a_request() -> None:
     session = _ready()
-    session.subscribe(
-        SubscribeKind.PLAIN, "t", "c", 0, on_message=print, message_class=MessageFrame
-    )
-    session.receive_data(encode_response(OK))
+    _subscribed(session)
     token, _ = session.send_request("CLS")
     events = session.receive_data(encode_error(b"E_FIN_FAILED FIN 1 failed ID not in flight"))
-    assert [type(event) for event in events] == [UnsolicitedError]
+    assert [type(event) for event in events] == [ev.UnsolicitedError]
     assert isinstance(events[0].error, e.FinFailedError)  # type: ignore[union-attr]
     assert session.receive_data(encode_response(CLOSE_WAIT)) == []
     assert session.take()[-1] == (token, CLOSE_WAIT)
@@ -585,12 +578,9 @@ def test_errors_of_fin_req_touch_never_answer_a_request() -> None:
 
 def test_an_unsolicited_fatal_error_is_reported_then_ends_the_session() -> None:
     session = _ready()
-    session.subscribe(
-        SubscribeKind.PLAIN, "t", "c", 0, on_message=print, message_class=MessageFrame
-    )
-    session.receive_data(encode_response(OK))
+    _subscribed(session)
     events = session.receive_data(encode_error(b"E_FAILED_ON_NOT_LEADER "))
-    assert [type(event) for event in events] == [UnsolicitedError, SessionFailed]
+    assert [type(event) for event in events] == [ev.UnsolicitedError, ev.SessionFailed]
     assert events[0].error.fatal
     assert events[0].error.command == "FIN"
 
@@ -607,13 +597,9 @@ def test_what_each_state_refuses_to_send() -> None:
         session.send_request("SUB")
     with pytest.raises(e.ProtocolError, match="cannot send CLS"):
         session.send_request("CLS")
-    session.subscribe(
-        SubscribeKind.PLAIN, "t", "c", 0, on_message=print, message_class=MessageFrame
-    )
+    _subscribe(session)
     with pytest.raises(e.ProtocolError, match="cannot send SUB_ORDERED"):
-        session.subscribe(
-            SubscribeKind.ORDERED, "t", "c", 0, on_message=print, message_class=MessageFrame
-        )
+        _subscribe(session, SubscribeCommand(SubscribeKind.ORDERED, "t", "c", 0))
     session.connection_lost(e.ConnectionClosedError("gone"))
     with pytest.raises(e.ConnectionClosedError):
         session.send_request("PUB")
@@ -623,23 +609,11 @@ def test_subscribe_checks_its_arguments_before_anything_is_sent() -> None:
     session = _ready()
     start = commands.StartPosition.earliest()
     with pytest.raises(e.ValidationError, match="start"):
-        session.subscribe(
-            SubscribeKind.PLAIN,
-            "t",
-            "c",
-            0,
-            on_message=print,
-            message_class=MessageFrame,
-            start=start,
-        )
+        _subscribe(session, SubscribeCommand(SubscribeKind.PLAIN, "t", "c", 0, start))
     with pytest.raises(e.ValidationError, match="partition"):
-        session.subscribe(
-            SubscribeKind.ORDERED, "t", "c", on_message=print, message_class=MessageFrame
-        )
+        _subscribe(session, SubscribeCommand(SubscribeKind.ORDERED, "t", "c"))
     with pytest.raises(e.ValidationError, match="topic"):
-        session.subscribe(
-            SubscribeKind.PLAIN, "bad topic", "c", on_message=print, message_class=MessageFrame
-        )
+        _subscribe(session, SubscribeCommand(SubscribeKind.PLAIN, "bad topic", "c"))
     assert session.state is State.READY
     assert session.pending_count == 0
 
@@ -649,7 +623,7 @@ def test_subscribe_owns_the_layout(kind: SubscribeKind) -> None:
     session = _ready(extend_support=True)
     got: list[MessageFrame] = []
     data, token, _ = session.subscribe(
-        kind, "t", "c", 0, on_message=got.append, message_class=MessageFrame
+        SubscribeCommand(kind, "t", "c", 0), on_message=got.append, message_class=MessageFrame
     )
     assert data.startswith(kind.value.encode() + b" t c 0")
     assert session.receive_data(encode_response(OK)) == []
@@ -692,7 +666,11 @@ def test_a_shorter_timeout_on_a_later_request_expires_first() -> None:
     assert deadline == session.next_deadline() == pytest.approx(103.0)
     assert session.expired(102.9) == []
     events = session.expired(103.0)
-    assert [type(event) for event in events] == [RequestFailed, RequestFailed, SessionFailed]
+    assert [type(event) for event in events] == [
+        ev.RequestFailed,
+        ev.RequestFailed,
+        ev.SessionFailed,
+    ]
     assert str(events[-1].error) == f"MPUB to {ADDRESS}: no answer within 2.0 s"  # type: ignore[union-attr]
 
 
@@ -718,7 +696,7 @@ def test_a_silent_link_expires() -> None:
     assert session.next_deadline() == pytest.approx(105.5)
     assert session.expired(105.4) == []
     events = session.expired(105.5)
-    assert [type(event) for event in events] == [SessionFailed]
+    assert [type(event) for event in events] == [ev.SessionFailed]
     assert str(events[0].error) == f"no heartbeat from {ADDRESS} for 3.0 s"  # type: ignore[union-attr]
 
 
@@ -727,7 +705,7 @@ def test_connection_lost_fails_every_request() -> None:
     tokens = [session.send_request("PUB")[0] for _ in range(2)]
     error = e.ConnectionClosedError("connection closed by nsqd", ADDRESS)
     events = session.connection_lost(error)
-    assert events == [*(RequestFailed(token, error) for token in tokens), Closed(error)]
+    assert events == [*(ev.RequestFailed(token, error) for token in tokens), ev.Closed(error)]
     assert session.state is State.CLOSED
     assert session.pending_count == 0
     assert session.connection_lost(error) == []
@@ -737,13 +715,13 @@ def test_connection_lost_fails_every_request() -> None:
 # ---------------------------------------------------------------------- any server, any cuts
 
 EVENT_TYPES = (
-    RequestFailed,
-    UnsolicitedError,
-    type(HEARTBEAT_EVENT),
-    type(START_TLS),
-    Ready,
-    SessionFailed,
-    Closed,
+    ev.RequestFailed,
+    ev.UnsolicitedError,
+    type(ev.HEARTBEAT_EVENT),
+    type(ev.START_TLS),
+    ev.Ready,
+    ev.SessionFailed,
+    ev.Closed,
 )
 _ERROR_TEXTS = [
     b"E_FIN_FAILED FIN 1 failed ID not in flight",
@@ -811,13 +789,15 @@ class SessionMachine(RuleBasedStateMachine):
         self.check(self.session.receive_data(answer))
         if kind is not None:
             _, token, _ = self.session.subscribe(
-                kind, "t", "c", 0, on_message=self.messages.append, message_class=MessageFrame
+                SubscribeCommand(kind, "t", "c", 0),
+                on_message=self.messages.append,
+                message_class=MessageFrame,
             )
             self.sent.append(token)
             if subscribed:
                 self.check(self.session.receive_data(encode_response(OK)))
 
-    def check(self, events: list[Event]) -> None:
+    def check(self, events: list[ev.Event]) -> None:
         answers = [token for token, _ in self.session.take()]
         assert not answers or not self.ended, "answers after the end"
         assert answers == sorted(answers)  # paired in the order sent
@@ -827,13 +807,15 @@ class SessionMachine(RuleBasedStateMachine):
         for event in events:
             assert isinstance(event, EVENT_TYPES), event
             assert not self.ended, f"{event} after the end"
-            if isinstance(event, RequestFailed):
+            if isinstance(event, ev.RequestFailed):
                 self.answer(event.token)
-            if isinstance(event, (RequestFailed, UnsolicitedError, SessionFailed, Closed)):
+            if isinstance(
+                event, (ev.RequestFailed, ev.UnsolicitedError, ev.SessionFailed, ev.Closed)
+            ):
                 assert isinstance(event.error, e.NSQError)
-            if isinstance(event, (SessionFailed, Closed)):
+            if isinstance(event, (ev.SessionFailed, ev.Closed)):
                 self.ended = True
-            heartbeats += event is HEARTBEAT_EVENT
+            heartbeats += event is ev.HEARTBEAT_EVENT
         assert self.session.data_to_send() == commands.NOP * heartbeats
         if self.ended:
             assert self.session.pending_count == 0
