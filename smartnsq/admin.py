@@ -24,6 +24,7 @@ behind NAT.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from types import TracebackType
 
@@ -53,22 +54,29 @@ from smartnsq.protocol.lookupd import (
     parse_node,
     unwrap_response,
 )
-from smartnsq.protocol.offsets import PartitionOffsets, SeekResult, setoffset_body
+from smartnsq.protocol.offsets import (
+    PartitionOffsets,
+    SeekResult,
+    landed_offset,
+    lies_past_end,
+    setoffset_body,
+)
 from smartnsq.protocol.validation import (
+    MAX_PARTITIONS,
     check_auto_create,
     check_channel,
     check_partition,
     check_topic,
 )
 from smartnsq.routing.addresses import AddressMap, AddressMapping
-from smartnsq.transport.httpclient import new_http_client
-from smartnsq.transport.httplog import quiet
+from smartnsq.transport.httpclient import DEFAULT_MAX_ANSWER_BYTES, exchange, new_http_client
 from smartnsq.transport.lookup import normalize_seed
 from smartnsq.transport.offsets import read_channel_offsets, set_channel_offset
 
 __all__ = ["MAX_PARTITIONS", "MAX_REPLICAS", "Admin", "PartitionOffsets", "SeekResult"]
 
-MAX_PARTITIONS = 254  # nsqlookupd refuses 255 and more ("max partition allowed exceed")
+log = logging.getLogger("smartnsq.admin")
+
 MAX_REPLICAS = 5
 _NOT_LEADER = ("E_FAILED_ON_NOT_LEADER", "Not nsqlookup leader")
 _ALREADY_REGISTERED = "already registered"
@@ -84,9 +92,10 @@ _REPOST = 2.0
 class Admin:
     """Creates and deletes topics and channels.
 
-    Give ``lookupd`` (nsqlookupd HTTP addresses; youzan or classic) or ``nsqd_http`` (classic
-    nsqd HTTP addresses, ``host:port``). ``timeout`` bounds each HTTP request. Use it as an
-    async context manager, or call :meth:`close`.
+    Give ``lookupd`` (nsqlookupd HTTP addresses; youzan or classic) or ``nsqd_http`` (classic nsqd
+    HTTP addresses, ``host:port``). ``timeout`` bounds each HTTP request, its whole answer
+    included, and ``max_answer_bytes`` (4 MiB) its size. Use it as an async context manager, or
+    call :meth:`close`.
     """
 
     def __init__(
@@ -96,6 +105,7 @@ class Admin:
         nsqd_http: Sequence[str] | None = None,
         timeout: float = 10.0,
         address_map: AddressMapping | None = None,
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     ) -> None:
         self._address_map = AddressMap.of(address_map)
         if (lookupd is None) == (nsqd_http is None):
@@ -112,6 +122,9 @@ class Admin:
         if type(timeout) not in (int, float) or not timeout > 0:
             raise ValidationError("timeout", "must be a number of seconds > 0")
         self._timeout = float(timeout)
+        if type(max_answer_bytes) is not int or max_answer_bytes < 1:
+            raise ValidationError("max_answer_bytes", "must be an int >= 1 (bytes)")
+        self._max_answer_bytes = max_answer_bytes
         self._client: httpx.AsyncClient | None = None
         self._youzan: bool | None = False if nsqd_http is not None else None
         self._closed = False
@@ -275,6 +288,11 @@ class Admin:
         (``POST /channel/setoffset``). One result per partition, in partition order; a
         partition without any message is reported ``empty`` and left as it is.
 
+        Each result says where the channel went (``offset``, ``end``, read from the leader's
+        ``/stats`` after the move): nsqd puts a position past the queue's end (an offset past
+        it, ``message_count(999)`` of 100 messages) at the end, without an error, and
+        ``past_end`` says so.
+
         nsqd forgets the channel's messages in flight (their FINs fail) and delivers again
         from the new position, not necessarily in queue order: a reader of an exact range
         orders by queue offset itself. Consumers already subscribed stay connected.
@@ -300,7 +318,7 @@ class Admin:
                 moved = ", ".join(str(r.partition) for r in results)
                 raise AdminError(
                     f"partition {partition}: {exc} (partitions {moved} were moved to "
-                    f"{position} already)",
+                    f"{position.text()} already)",
                     status=getattr(exc, "status", None),
                     url=getattr(exc, "url", ""),
                 ) from exc
@@ -380,7 +398,35 @@ class Admin:
                 raise AdminError(
                     f"partition {partition} of {topic!r}: {exc}; its leader is changing, try again"
                 ) from exc
-        return SeekResult(partition, leader, position, empty=not moved)
+        if not moved:
+            return SeekResult(partition, leader, position, empty=True)
+        return await self._landed(topic, partition, channel, position, leader)
+
+    async def _landed(
+        self, topic: str, partition: int, channel: str, position: StartPosition, leader: str
+    ) -> SeekResult:
+        """A moved partition's result: where the channel went, from the leader's /stats
+        (nsqd answers the move itself with nothing but 200)."""
+        try:
+            queue = await read_channel_offsets(self._http(), leader, topic, partition, channel)
+        except NSQError as exc:
+            # The move happened; only the report is missing, which offset=None says.
+            log.warning(
+                "partition %d of %r: moved to %s, but reading where it went failed: %s",
+                partition,
+                topic,
+                position.text(),
+                exc,
+            )
+            return SeekResult(partition, leader, position)
+        return SeekResult(
+            partition,
+            leader,
+            position,
+            offset=landed_offset(position, queue),
+            end=queue.end,
+            past_end=lies_past_end(position, queue),
+        )
 
     # ------------------------------------------------------------------ youzan
 
@@ -583,23 +629,24 @@ class Admin:
         return self._client
 
     async def _request(self, method: str, base: str, path: str, params: dict[str, str]) -> object:
-        """One request: the answer's payload or its LookupdHTTPError. Raises
-        ConnectionClosedError when nothing answers, ProtocolError when what answers is not
-        an nsqlookupd or nsqd."""
+        """One request, its whole answer within ``timeout``: the answer's payload or its
+        LookupdHTTPError. Raises ConnectionClosedError when nothing answers (NSQTimeoutError
+        when the answer is not complete in time), ProtocolError when what answers is not an
+        nsqlookupd or nsqd, or answers more than ``max_answer_bytes``."""
+        answer = await exchange(
+            self._http(),
+            method,
+            base + path,
+            params=params,
+            headers={"Accept": ACCEPT_V1},
+            timeout=self._timeout,
+            max_bytes=self._max_answer_bytes,
+        )
         try:
-            with quiet():
-                response = await self._http().request(
-                    method, base + path, params=params, headers={"Accept": ACCEPT_V1}
-                )
-        except (httpx.HTTPError, OSError) as exc:
-            raise ConnectionClosedError(
-                f"{method} {base}{path} got no answer: {type(exc).__name__}: {exc}"
-            ) from exc
-        try:
-            return unwrap_response(response.status_code, response.headers, response.content)
+            return unwrap_response(answer.status, answer.headers, answer.body)
         except ProtocolError as exc:
             raise ProtocolError(
-                f"{base}{path} answered HTTP {response.status_code} in a way no nsqlookupd or "
+                f"{base}{path} answered HTTP {answer.status} in a way no nsqlookupd or "
                 f"nsqd does ({exc}); is {base} an nsqlookupd (youzan or classic) HTTP address?"
             ) from None
 

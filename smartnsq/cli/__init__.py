@@ -43,17 +43,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _options(extras: list[str]) -> list[str]:
+    """The options among ``extras``: what starts with "-" (but "-" itself) before a "--"."""
+    options: list[str] = []
+    for extra in extras:
+        if extra == "--":
+            break
+        if extra.startswith("-") and extra != "-":
+            options.append(extra)
+    return options
+
+
 def _positionals(extras: list[str]) -> list[str] | None:
     """``extras`` as positional arguments (``--`` ends options), or None if one is an option."""
-    values: list[str] = []
-    options_ended = False
-    for extra in extras:
-        if extra == "--" and not options_ended:
-            options_ended = True
-        elif extra.startswith("-") and extra != "-" and not options_ended:
-            return None
-        else:
-            values.append(extra)
+    if _options(extras):
+        return None
+    values = list(extras)
+    if "--" in values:
+        values.remove("--")  # the first one, which ended the options
     return values
 
 
@@ -67,8 +74,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         more: str | None = getattr(args, "more_positionals", None)
         positionals = _positionals(extras) if more is not None else None
         if more is None or positionals is None:
+            # Where the subcommand takes more positionals, only the options are unknown: so
+            # on every Python (3.13's argparse already gives the subcommand positionals that
+            # come before an unknown option, 3.11's leaves them in extras).
+            unknown = extras if more is None else _options(extras)
             print(
-                f"smartnsq {args.command}: error: unrecognized arguments: {' '.join(extras)} "
+                f"smartnsq {args.command}: error: unrecognized arguments: {' '.join(unknown)} "
                 f"(see 'smartnsq {args.command} --help')",
                 file=sys.stderr,
             )

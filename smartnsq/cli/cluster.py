@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 from smartnsq.cli.usage import UsageError
 from smartnsq.errors import ValidationError
-from smartnsq.protocol.validation import check_channel, check_topic
+from smartnsq.protocol.validation import MAX_PARTITIONS, check_channel, check_topic
 from smartnsq.transport import loops
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ def parse_topic(spec: str, *, classic: bool = False) -> TopicSpec:
         check_topic(name)
     except ValidationError as exc:
         raise UsageError(f"--topic {spec!r}: {exc.reason}") from None
-    partitions = _count(spec, "partitions", parts[1], 1, 255) if len(parts) > 1 else 1
+    partitions = _count(spec, "partitions", parts[1], 1, MAX_PARTITIONS) if len(parts) > 1 else 1
     replicas = _count(spec, "replicas", parts[2], 1, 5) if len(parts) > 2 else 1
     flags = [f for f in parts[3].split(",") if f] if len(parts) > 3 else []
     unknown = [f for f in flags if f not in _FLAGS]

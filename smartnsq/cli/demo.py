@@ -26,6 +26,7 @@ from smartnsq.client.tracelog import TRACE_LOGGER
 from smartnsq.consumer.consumer import Consumer
 from smartnsq.consumer.message import Message
 from smartnsq.producer.producer import Producer
+from smartnsq.protocol.validation import MAX_PARTITIONS
 from smartnsq.transport import loops
 
 if TYPE_CHECKING:
@@ -99,8 +100,8 @@ def _settings(args: argparse.Namespace) -> _Settings:
 
     nodes = at_least("nodes", args.nodes, 1)
     partitions = at_least("partitions", args.partitions, 1)
-    if partitions > 255:
-        raise UsageError(f"--partitions must be at most 255, not {partitions}")
+    if partitions > MAX_PARTITIONS:
+        raise UsageError(f"--partitions must be at most {MAX_PARTITIONS}, not {partitions}")
     replicas = min(2, nodes) if args.replicas is None else at_least("replicas", args.replicas, 1)
     if replicas > nodes:
         raise UsageError(f"--replicas {replicas} needs as many nodes (--nodes is {nodes})")

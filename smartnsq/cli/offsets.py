@@ -33,13 +33,15 @@ ones), on each partition's leader. --to takes:
   earliest          the first message of the queue
   latest            after the last message (nothing is redelivered)
   offset:N          queue offset N (a byte position; inside a message: the next message)
-  message:N         the N-th message of the partition (1-based)
-  timestamp:T       the first message published at or after T (unix seconds, or ISO 8601
-                    with its UTC offset, e.g. 2026-11-24T10:00:00Z)
+  message:N         the N-th message of the partition, from 1 (message:1 is the first)
+  timestamp:T       the first message published at or after T (unix seconds, a fraction
+                    dropped: nsqd works in seconds; or ISO 8601 with its UTC offset, e.g.
+                    2026-11-24T10:00:00Z)
 
 nsqd forgets the messages in flight on the channel (their FINs fail) and delivers from the
-new position again, not necessarily in queue order. A partition without messages is left as
-it is. Classic nsqd has no queue offsets.
+new position again, not necessarily in queue order. A position past the end of a partition's
+queue moves the channel to the end: each partition's line says where it went. A partition
+without messages is left as it is. Classic nsqd has no queue offsets.
 """
 
 LAG_DESCRIPTION = """\
@@ -104,14 +106,28 @@ def run_seek(args: argparse.Namespace) -> int:
             return await admin.seek(topic, channel, position, partitions=args.partition)
 
     results = loops.run(seek())
+    wanted = position.text()
     for result in results:
-        if result.empty:
-            print(f"partition {result.partition}: no messages, left as it is")
-        else:
-            print(f"partition {result.partition}: moved to {position} ({result.leader})")
+        print(f"partition {result.partition}: {_landing(result, wanted)}")
     moved = sum(not r.empty for r in results)
-    print(f"channel {topic}/{channel}: {plural(moved, 'partition')} moved to {args.to.strip()}")
+    past = sum(r.past_end for r in results)
+    summary = f"channel {topic}/{channel}: {plural(moved, 'partition')} moved to {wanted}"
+    if past:
+        summary += f" ({past} of them past the end: moved to the end)"
+    print(summary)
     return 0
+
+
+def _landing(result: SeekResult, wanted: str) -> str:
+    """One partition of a seek, in words: where its channel went."""
+    if result.empty:
+        return "no messages, left as it is"
+    leader = result.leader
+    if result.past_end:
+        return f"{wanted} lies past the end: moved to the end, offset {result.end} ({leader})"
+    if result.offset is None:
+        return f"moved to {wanted} ({leader})"
+    return f"moved to {wanted}, now at offset {result.offset} of {result.end} ({leader})"
 
 
 def run_lag(args: argparse.Namespace) -> int:

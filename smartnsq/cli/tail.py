@@ -39,10 +39,10 @@ Print TOPIC's messages as they arrive, one line each:
 
   partition=P offset=O trace_id=T attempts=A BODY
 
-P, O and T are "-" when unknown: classic nsqd has no partitions, the queue offset comes with
-ordered subscriptions only, untraced messages have no trace id. BODY is decoded as UTF-8
-(invalid bytes replaced) with newlines shown as \\n, so each message stays on one line;
---raw prints Python's repr of the bytes instead.
+P and O are "-" on classic nsqd, which has no partitions or queue offsets (every youzan
+message carries its queue offset), T on a message that was not traced. BODY is decoded as
+UTF-8 (invalid bytes replaced) with newlines shown as \\n, so each message stays on one
+line; --raw prints Python's repr of the bytes instead.
 
 Every printed message is finished (FIN) after it is written out; messages that arrive
 after -n N are handed back (REQ) unprinted. The default channel is a new ephemeral one

@@ -3,9 +3,10 @@ Task, with the guarantees of a task from its first line.
 
 Most message handlers finish without ever waiting (or after awaiting something already
 done); a Task for each would cost about 2 µs more per message than running the handler
-directly. Python 3.12's ``asyncio.eager_task_factory`` does the same at C level; this works
-on 3.10 and 3.11. What a handler run this way sees is what ``asyncio.create_task`` would
-give it:
+directly. Python 3.12's eager tasks do the same at C level; this also works on 3.11, and
+for a handler that never waits it costs less than they do (measured on 3.13: about 560 ns
+compiled against 790 ns for ``asyncio.Task(..., eager_start=True)``). What a handler run this
+way sees is what ``asyncio.create_task`` would give it:
 
 * a context of its own: a copy of the caller's, so context variables set by one handler
   never leak into the next one (``contextvars``, as a Task copies it);

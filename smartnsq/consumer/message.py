@@ -23,8 +23,9 @@ class Message(Delivery):
 
     Fields from the wire: ``body``, ``id`` (the raw 16 bytes), ``attempts``, ``timestamp``
     (ns), and on youzan ``internal_id``, ``trace_id``, ``offset`` and ``raw_size`` (the last
-    two with ordered or advanced subscriptions), ``ext`` (the parsed JSON header on ext
-    topics). Where it came from: ``topic``, ``channel``, ``partition``, ``address``.
+    two come with SUB_ADVANCED and SUB_ORDERED, which the Consumer subscribes every youzan
+    partition with), ``ext`` (the parsed JSON header on ext topics). Where it came from:
+    ``topic``, ``channel``, ``partition``, ``address``.
 
     Answer it once with :meth:`finish` or :meth:`requeue` (a handler's return or exception
     does it for you); :meth:`touch` asks nsqd for more time. ``responded`` tells whether it

@@ -24,6 +24,7 @@ import httpx
 from smartnsq.consumer.message import Message
 from smartnsq.consumer.subscription import Answerer, Key, Subscription
 from smartnsq.errors import (
+    LookupFailedError,
     NSQError,
     ServerError,
     TopicNotFoundError,
@@ -155,7 +156,15 @@ class Subscriber:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         if self.lookup is not None:
-            await asyncio.wait_for(self.lookup.discover(), self.connection_config.connect_timeout)
+            timeout = self.connection_config.connect_timeout
+            try:
+                async with asyncio.timeout(timeout):
+                    await self.lookup.discover()
+            except TimeoutError:
+                addresses = ", ".join(self.lookup.lookupd_addresses)
+                raise LookupFailedError(
+                    f"no nsqlookupd answered within connect_timeout ({timeout:g} s): {addresses}"
+                ) from None
             self._unwatch = self.lookup.watch(self.topic, "r", self._on_layout)
         await self._reconcile()
         if self.connecting:

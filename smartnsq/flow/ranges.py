@@ -12,13 +12,13 @@ deliberate look-behind), messages past the end. The chain keeps each message of 
 once and hands them out in offset order as soon as the prefix before them is there.
 
 Where the range really begins (its *anchor*) must be proven, not guessed: the first message
-received may not be the first of the range. ``start`` itself is proven a message boundary by
-a message at ``start``, by one ending at ``start``, or by the caller (the queue's start and
-end, which ``/stats`` gives, are boundaries; so is any offset the caller saw end a message).
-A ``start`` inside a message (a capped micro-batch ends wherever the cap falls; nsqd's seek
-lands on the next boundary, as the capture shows) is proven by the message that straddles
-it: the range then begins where that message ends. Hence :meth:`RangeChain.seek_position`:
-where to seek so that such a proof arrives, a little before ``start`` while it is unproven.
+received may not be the first of the range. ``start`` itself is proven a message boundary by a
+message at ``start``, by one ending at ``start``, or by the caller (the queue's start and end,
+which ``/stats`` gives, are boundaries; so is any offset the caller saw end a message). A ``start``
+inside a message (a capped micro-batch ends wherever the cap falls; nsqd's seek lands on the next
+boundary: docs/protocol.md#reading-after-a-seek) is proven by the message that straddles it: the
+range then begins where that message ends. Hence :meth:`RangeChain.seek_position`: where to seek so
+that such a proof arrives, a little before ``start`` while it is unproven.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Encoders for every client command (PROTOCOL.md section 3).
+"""Encoders for every client command (``protocolV2.Exec`` and the command handlers in
+``nsqd/protocol_v2.go`` of nsqio/nsq v1.3.0, ``nsqdserver/protocol_v2.go`` of youzan/nsq
+0.3.7-HA.1.13.0).
 
 Each function validates its arguments (raising :class:`~smartnsq.errors.ValidationError`
 before anything is produced) and returns the complete command as one ``bytes`` object, ready
@@ -139,17 +141,21 @@ def sub_ordered(topic: str, channel: str, partition: int) -> bytes:
 class StartPosition:
     """A position in a youzan partition's queue, as nsqd reads it: the body of
     ``POST /channel/setoffset`` (``Admin.seek``) and SUB_ADVANCED's start position (honoured
-    for a channel's first client only). ``str()`` gives the wire form ``<kind>:<value>``.
+    for a channel's first client only). ``str()`` gives the wire form ``<kind>:<value>``,
+    :meth:`text` the documented form that :meth:`parse` reads.
 
-    - :meth:`queue_offset` (``virtual_queue``): a byte offset in the queue; one inside a
-      message starts at the next message.
-    - :meth:`message_count` (``msgcount``): the n-th message, 1-based (0 also means the
-      first, as nsqd reads it).
-    - :meth:`timestamp`: the first message published at or after that unix second.
+    - :meth:`queue_offset` (``offset:N``, wire ``virtual_queue``): a byte offset in the
+      queue; one inside a message starts at the next message.
+    - :meth:`message_count` (``message:N``, wire ``msgcount``): the N-th message, from 1.
+    - :meth:`timestamp` (``timestamp:T``): the first message published at or after that unix
+      second. nsqd finds positions by the second: a fraction (``time.time()``) is dropped.
     - :meth:`earliest` (byte offset 0: the queue's first message) and :meth:`latest` /
       :meth:`end` (``special:-1``: after the last message).
 
-    Positions before the queue land on its first message, positions past it on its end.
+    Positions before the queue land on its first message. nsqd moves a position past the
+    queue's end to the end, without an error: ``Admin.seek`` says where each partition went.
+    The constructor takes any wire form as is (``StartPosition("msgcount", 0)``, which nsqd
+    reads as the first message); the named constructors and :meth:`parse` refuse message 0.
     """
 
     kind: str
@@ -158,6 +164,7 @@ class StartPosition:
     _KINDS = ("timestamp", "virtual_queue", "msgcount", "special")
     # Text forms parse() reads besides the wire kinds: earliest, latest, offset:N, message:N.
     _ALIASES = {"offset": "virtual_queue", "message": "msgcount"}
+    _TEXT = {"virtual_queue": "offset", "msgcount": "message", "timestamp": "timestamp"}
 
     def __post_init__(self) -> None:
         if self.kind not in self._KINDS:
@@ -172,7 +179,20 @@ class StartPosition:
             raise ValidationError("start.value", "must fit in a signed 64-bit integer")
 
     @classmethod
-    def timestamp(cls, unix_seconds: int) -> StartPosition:
+    def timestamp(cls, unix_seconds: float) -> StartPosition:
+        """The first message published at or after ``unix_seconds`` (an int, or a float such
+        as ``time.time()``: nsqd works in whole seconds, so the fraction is dropped)."""
+        if type(unix_seconds) is float:
+            if not math.isfinite(unix_seconds) or unix_seconds < 0:
+                raise ValidationError(
+                    "start.value", f"timestamp: must be unix seconds >= 0, got {unix_seconds}"
+                )
+            return cls("timestamp", math.floor(unix_seconds))
+        if type(unix_seconds) is not int:
+            kind = type(unix_seconds).__name__
+            raise ValidationError(
+                "start.value", f"timestamp: must be unix seconds (int or float), not {kind}"
+            )
         return cls("timestamp", unix_seconds)
 
     @classmethod
@@ -181,6 +201,12 @@ class StartPosition:
 
     @classmethod
     def message_count(cls, count: int) -> StartPosition:
+        """The ``count``-th message of the partition, from 1 (the first message)."""
+        if type(count) is int and count == 0:
+            raise ValidationError(
+                "start.value",
+                "message counts start at 1 (the first message); the queue's start is earliest",
+            )
         return cls("msgcount", count)
 
     @classmethod
@@ -197,9 +223,10 @@ class StartPosition:
 
     @classmethod
     def parse(cls, text: str) -> StartPosition:
-        """A position written as text: ``earliest``, ``latest``, ``offset:N``, ``message:N``,
-        ``timestamp:T`` (unix seconds, or an ISO 8601 time with its UTC offset), or a wire
-        form (``virtual_queue:N``, ``msgcount:N``, ``special:-1``)."""
+        """A position written as text: ``earliest``, ``latest``, ``offset:N``, ``message:N``
+        (N from 1), ``timestamp:T`` (unix seconds, a fraction dropped, or an ISO 8601 time
+        with its UTC offset), or a wire form (``virtual_queue:N``, ``msgcount:N``,
+        ``special:-1``)."""
         if not isinstance(text, str):
             raise ValidationError("position", "must be a str")
         word = text.strip()
@@ -213,10 +240,26 @@ class StartPosition:
                 f"{text!r}: expected earliest, latest, offset:N, message:N or timestamp:T",
             )
         if kind == "timestamp" and not _is_integer(value):
-            return cls("timestamp", _iso_seconds(value))
+            seconds = _decimal_seconds(value)
+            return cls("timestamp", _iso_seconds(value) if seconds is None else seconds)
         if not _is_integer(value):
             raise ValidationError("position", f"{text!r}: {value!r} is not an integer")
+        if kind == "msgcount" and int(value) == 0:
+            raise ValidationError(
+                "position",
+                f"{text!r}: messages count from 1 (message:1 is the first); the queue's "
+                "start is earliest",
+            )
         return cls(kind, int(value))
+
+    def text(self) -> str:
+        """The documented form, which :meth:`parse` reads back: ``earliest``, ``latest``,
+        ``offset:N``, ``message:N`` or ``timestamp:T``."""
+        if self.kind == "special":
+            return "latest"
+        if self.kind == "virtual_queue" and self.value == 0:
+            return "earliest"
+        return f"{self._TEXT[self.kind]}:{self.value}"
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.value}"
@@ -228,6 +271,17 @@ _INT64_MAX = (1 << 63) - 1
 def _is_integer(text: str) -> bool:
     digits = text[1:] if text[:1] == "-" else text
     return digits.isascii() and digits.isdigit()
+
+
+def _decimal_seconds(text: str) -> int | None:
+    """Whole unix seconds of a decimal number of seconds (``1795765880.5``), None if
+    ``text`` is not one."""
+    whole, dot, fraction = text.partition(".")
+    if not dot or not (whole or fraction) or not (whole + fraction).isascii():
+        return None
+    if not (whole + fraction).isdigit():
+        return None
+    return int(whole or "0")
 
 
 def _iso_seconds(text: str) -> int:

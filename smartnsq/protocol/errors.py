@@ -4,7 +4,9 @@ Codes are matched on the first word of the frame text (real servers send
 ``"E_FAILED_ON_NOT_LEADER "`` with a trailing space, and ``INVALID_TRACE_ID`` has no ``E_``).
 Whether a code is fatal depends on the command for some codes: ``E_FAILED_ON_NOT_LEADER`` and
 ``E_FAILED_ON_NOT_WRITABLE`` are non-fatal after a publish but fatal after SUB or FIN
-(PROTOCOL.md section 7). Unknown codes become :class:`~smartnsq.errors.UnknownServerError`.
+(youzan/nsq 0.3.7-HA.1.13.0: ``internal/protocol/errors.go``, and which errors close the
+connection in ``nsqdserver/protocol_v2.go``, ``handleRequestReponseForClient``). Unknown codes
+become :class:`~smartnsq.errors.UnknownServerError`.
 """
 
 from __future__ import annotations

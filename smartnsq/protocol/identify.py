@@ -1,5 +1,6 @@
 """IDENTIFY: the request a client sends and the feature negotiation nsqd answers with
-(PROTOCOL.md section 2).
+(``protocolV2.IDENTIFY`` in ``nsqd/protocol_v2.go``, nsqio/nsq v1.3.0; youzan/nsq
+0.3.7-HA.1.13.0 in ``nsqdserver/protocol_v2.go``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class IdentifyRequest:
     """What the client tells nsqd about itself. Durations are in milliseconds, as on the wire.
 
     ``None`` means "not sent, use the server's default". ``deflate_level`` is always sent with
-    ``deflate`` because youzan nsqd treats a missing level as level 0 (PROTOCOL.md 2.1).
+    ``deflate`` because youzan nsqd treats a missing level as level 0 (``nsqd/client_v2.go``,
+    ``Identify``).
     """
 
     client_id: str
@@ -214,8 +216,8 @@ class IdentifyResponse:
         return cls(raw=obj, **kwargs)
 
     def to_json(self) -> dict[str, Any]:
-        """The answer as youzan nsqd writes it (key order of the capture; desired_tag only when
-        set)."""
+        """The answer as youzan nsqd writes it (key order as it sends it; desired_tag only
+        when set)."""
         data: dict[str, Any] = {
             "max_rdy_count": self.max_rdy_count,
             "version": self.version,

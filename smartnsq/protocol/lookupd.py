@@ -1,5 +1,6 @@
 """nsqlookupd HTTP answers: envelopes, ``/lookup`` layouts, ``/listlookup`` nodes, and the merge
-of several lookupds' answers (PROTOCOL.md section 8). Pure parsing: no HTTP, no asyncio.
+of several lookupds' answers (``nsqlookupd/http.go``: ``doLookup``, ``doListLookup``, in
+nsqio/nsq v1.3.0 and youzan/nsq 0.3.7-HA.1.13.0). Pure parsing: no HTTP, no asyncio.
 
 Flow: :func:`unwrap_response` turns (HTTP status, headers, body) into the JSON payload or a
 :class:`LookupdHTTPError`; :func:`parse_lookup` and :func:`parse_listlookup` turn payloads into
@@ -46,7 +47,8 @@ __all__ = [
 
 Access = Literal["r", "w"]
 
-# Sent by both youzan SDKs; with it, Negotiate endpoints answer bare JSON (PROTOCOL.md 8.1).
+# Sent by both youzan SDKs; with it, Negotiate endpoints answer bare JSON
+# (``internal/http_api/api_response.go``, ``NegotiateVersion``).
 ACCEPT_V1 = "application/vnd.nsq; version=1.0"
 # The response header that marks a v1 (bare JSON) answer.
 CONTENT_TYPE_V1 = "nsq; version=1.0"
@@ -240,8 +242,9 @@ class Node:
     """An nsqd as nsqlookupd reports it (``PeerInfo``).
 
     Identity (equality, hash) is ``(broadcast_address, tcp_port)`` only: the ``id`` and
-    ``remote_address`` of the same nsqd change whenever it reconnects to nsqlookupd (compare
-    the failover captures), so they must not decide whether two answers name the same node.
+    ``remote_address`` of the same nsqd change whenever it reconnects to nsqlookupd
+    (docs/protocol.md#node-ids-in-lookups), so they must not decide whether two answers name the
+    same node.
     """
 
     broadcast_address: str

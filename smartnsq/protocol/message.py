@@ -1,6 +1,7 @@
 """Message frames (frame type 2) in every negotiated layout, decode and encode.
 
-Layouts (PROTOCOL.md section 4):
+Layouts (youzan/nsq 0.3.7-HA.1.13.0 ``nsqd/message.go``, ``internalWriteTo``; nsqio/nsq v1.3.0
+``nsqd/message.go``, ``WriteTo``):
 
 * classic: ``[int64 ts][uint16 attempts][16-byte ASCII hex id][body]``;
 * youzan: the 16-byte id is binary, ``[uint64 internal id][uint64 trace id]``;

@@ -1,5 +1,6 @@
-"""Queue offsets of youzan partitions as nsqd's HTTP API moves and shows them (PROTOCOL.md
-section 8.5). Pure: the requests' arguments, and the answers as typed values.
+"""Queue offsets of youzan partitions as nsqd's HTTP API moves and shows them (youzan/nsq
+0.3.7-HA.1.13.0 ``nsqdserver/http.go``: ``doSetChannelOffset``, ``doStats``). Pure: the requests'
+arguments, and the answers as typed values.
 
 Every message of a partition has a queue offset: its byte position in the partition's queue
 (the next message starts at offset + raw size). ``POST /channel/setoffset`` on the partition
@@ -27,6 +28,8 @@ __all__ = [
     "STATS_PATH",
     "PartitionOffsets",
     "SeekResult",
+    "landed_offset",
+    "lies_past_end",
     "parse_partition_offsets",
     "setoffset_body",
     "setoffset_params",
@@ -51,12 +54,21 @@ _T = TypeVar("_T")
 class SeekResult:
     """One partition of a seek: its ``leader`` (nsqd HTTP address) moved the channel to
     ``position``, unless the partition was ``empty`` (no message: the channel is at the only
-    position there is, so nothing was moved)."""
+    position there is, so nothing was moved).
+
+    Where the channel went, read from the leader's ``/stats`` right after the move (None
+    when the partition was empty or the read failed): ``offset``, the queue offset it
+    resumes from, and ``end``, the queue's end. nsqd moves a position past the queue's end
+    to the end without an error: ``past_end`` says that happened (an offset past ``end``, or
+    a message count past the partition's messages)."""
 
     partition: int
     leader: str
     position: StartPosition
     empty: bool = False
+    offset: int | None = None
+    end: int | None = None
+    past_end: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +83,8 @@ class PartitionOffsets:
     - ``depth``: the messages from ``position`` to ``end``; ``lag``: the same span in bytes
       (``end - position``).
     - ``position``, ``depth`` and ``lag`` are None when the leader has no such channel.
+    - ``messages``: every message the partition ever took (``message_count``, those deleted
+      since included: what ``message:N`` counts); None when ``/stats`` does not say.
     """
 
     partition: int
@@ -79,10 +93,37 @@ class PartitionOffsets:
     end: int
     position: int | None
     depth: int | None
+    messages: int | None = None
 
     @property
     def lag(self) -> int | None:
         return None if self.position is None else self.end - self.position
+
+
+def lies_past_end(position: StartPosition, queue: PartitionOffsets) -> bool:
+    """Whether ``position`` lies past the end of ``queue`` (where nsqd puts the channel
+    instead, without an error): an offset past its end, or a message count past the message
+    that would come next (``message:N+1`` of N messages is the end, as the end's offset is).
+    A timestamp later than every message lands on the end too, but that is where it
+    belongs."""
+    if position.kind == "virtual_queue":
+        return position.value > queue.end
+    if position.kind == "msgcount":
+        return queue.messages is not None and position.value > queue.messages + 1
+    return False
+
+
+def landed_offset(position: StartPosition, queue: PartitionOffsets) -> int | None:
+    """Where a seek to ``position`` put the channel, from the leader's ``/stats`` read right
+    after it (``queue``). Where the numbers alone say it (the end for ``latest`` and past
+    the end, the start for an offset before the queue), that; otherwise the channel's
+    position as ``/stats`` shows it (youzan's leader moves the channel's reader in the
+    background, so that read may still show where it was)."""
+    if position.kind == "special" or lies_past_end(position, queue):
+        return queue.end
+    if position.kind == "virtual_queue" and position.value <= queue.start:
+        return queue.start
+    return queue.position
 
 
 def setoffset_params(topic: str, partition: int, channel: str) -> dict[str, str]:
@@ -142,12 +183,14 @@ def parse_partition_offsets(
         (c for c in channels if isinstance(c, Mapping) and c.get("channel_name") == channel),
         None,
     )
+    count = entry.get("message_count")
+    messages = count if type(count) is int else None
     if found is None:
-        return PartitionOffsets(partition, leader, start, end, None, None)
+        return PartitionOffsets(partition, leader, start, end, None, None, messages)
     where = f"{where}.channels[{channel}]"
     depth = _get(found, "depth", where, int)
     size = _get(found, "depth_size", where, int)
-    return PartitionOffsets(partition, leader, start, end, end - size, depth)
+    return PartitionOffsets(partition, leader, start, end, end - size, depth, messages)
 
 
 def _get(obj: object, key: str, where: str, kind: type[_T]) -> _T:

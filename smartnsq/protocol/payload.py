@@ -1,4 +1,5 @@
-"""go-nsq's client-side payload compression on ext topics (PROTOCOL.md section 6.5).
+"""go-nsq's client-side payload compression on ext topics (youzan/go-nsq ``compress.go`` and
+``message.go``).
 
 A go-nsq producer may compress a body and say so in the ext header:
 ``"nsq.client.compress": "1"`` (gzip), ``"2"`` (snappy block) or ``"3"`` (lz4 block, needs

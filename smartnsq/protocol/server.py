@@ -36,7 +36,7 @@ YOUZAN_BODY_COMMANDS = frozenset(
 _unpack_i32 = struct.Struct(">i").unpack_from
 
 # youzan nsqd reads the id of FIN and REQ at bytes 4..20 of the line and TOUCH's at 6..22
-# (PROTOCOL.md section 3.10).
+# (youzan/nsq 0.3.7-HA.1.13.0 ``nsqdserver/protocol_v2.go``, ``protocolV2.IOLoop``).
 _FIN_PREFIX = b"FIN "
 _FIN_SIZE = len(_FIN_PREFIX) + MESSAGE_ID_SIZE + 1
 _ID_START, _ID_END = 4, 4 + MESSAGE_ID_SIZE

@@ -2,7 +2,8 @@
 
 Every check raises :class:`~smartnsq.errors.ValidationError` (a ``ValueError``) naming the
 offending field, before any byte is written. Limits default to the servers' defaults
-(PROTOCOL.md section 11); callers that negotiated other limits pass them explicitly.
+(``nsqd/options.go``, ``NewOptions``; names: ``internal/protocol/names.go``); callers that
+negotiated other limits pass them explicitly.
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ MESSAGE_ID_SIZE = 16
 MAX_REQ_DELAY_MS = 3 * 24 * 3600 * 1000
 # classic DPUB: 0 <= defer <= max_req_timeout (1 h by default).
 MAX_DPUB_DELAY_MS = 3600 * 1000
+# The most partitions a youzan topic can have. nsqlookupd's /topic/create takes 1..255
+# (GetValidPartitionNum, nsqlookupd/http.go), then its coordinator's CreateTopic refuses 255
+# and more with "max partition allowed exceed" (consistence/nsqlookup_coordinator.go;
+# MAX_PARTITION_NUM is 255 in consistence/nsqlookup_coord_api.go, youzan/nsq 0.3.7-HA.1.13.0).
+MAX_PARTITIONS = 254
 
 _NAME_RE = re.compile(r"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
 _valid_names: set[str] = set()

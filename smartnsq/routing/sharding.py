@@ -1,4 +1,6 @@
-"""Sharding keys to partitions, the way the other NSQ SDKs do it (PROTOCOL.md section 10.2).
+"""Sharding keys to partitions, the way the other NSQ SDKs do it: youzan/go-nsq's
+``producer.go`` (``getProducerAddrForFixKey``) and youzan/nsqJavaSDK's ``Topic``
+(``TOPIC_SHARDING``) with ``NSQSimpleClient.getPartitionNodes``.
 
 An ordered (keyed) publish must land on the same partition as the publishes of every other
 producer of the topic, whatever their language, or per-key ordering breaks. The youzan SDKs

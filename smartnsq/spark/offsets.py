@@ -6,7 +6,9 @@ offsets. Pure code: no Spark, no I/O.
   there).
 * ``startingOffsets`` / ``endingOffsets``: ``earliest``, ``latest`` or that JSON, where -2
   stands for a partition's earliest offset and -1 for its latest (as in Kafka's options).
-  ``startingTimestamp``: milliseconds since the epoch.
+  ``startingTimestamp``: milliseconds since the epoch. A stream given neither starts at the
+  channel's position (:data:`CHANNEL`): unlike a Kafka group, an NSQ channel is a durable
+  consume position the server keeps, so a new query on a channel holding a backlog reads it.
 * Caps (Kafka's ``rateLimit``): a limit is spread over the partitions in proportion to what
   each has to read (a partition with less than one unit to get gets one, so none starves),
   and no partition's end passes its latest offset. ``maxOffsetsPerTrigger`` counts queue
@@ -26,6 +28,7 @@ from typing import Any, Literal
 from smartnsq.errors import ValidationError
 
 __all__ = [
+    "CHANNEL",
     "EARLIEST",
     "LATEST",
     "Position",
@@ -46,20 +49,26 @@ Offsets = dict[int, int]
 @dataclass(frozen=True)
 class Position:
     """Where a read starts or ends: the ``earliest`` or ``latest`` offset of every
-    partition, per-partition ``offsets`` (EARLIEST / LATEST allowed), or the first message
-    published at or after ``timestamp_ms``."""
+    partition, per-partition ``offsets`` (EARLIEST / LATEST allowed), the first message
+    published at or after ``timestamp_ms``, or (a stream's default start) the ``channel``'s
+    own position in each partition, where the channel exists."""
 
-    kind: Literal["earliest", "latest", "offsets", "timestamp"]
+    kind: Literal["earliest", "latest", "offsets", "timestamp", "channel"]
     offsets: Mapping[int, int] = field(default_factory=dict)
     timestamp_ms: int | None = None
 
     def at(self, partition: int) -> int | None:
-        """EARLIEST, LATEST or the offset for ``partition`` (None: not named in the JSON)."""
+        """EARLIEST, LATEST or the offset for ``partition`` (None: not named in the JSON, or
+        a position the queue's own numbers do not give: a timestamp, the channel's)."""
         if self.kind == "earliest":
             return EARLIEST
         if self.kind == "latest":
             return LATEST
         return self.offsets.get(partition)
+
+
+# A stream's start when neither startingOffsets nor startingTimestamp is given.
+CHANNEL = Position("channel")
 
 
 def parse_position(name: str, text: str, topic: str, *, ending: bool = False) -> Position:

@@ -42,6 +42,7 @@ from smartnsq.flow.ranges import OffsetRange
 from smartnsq.protocol.commands import StartPosition
 from smartnsq.protocol.offsets import PartitionOffsets
 from smartnsq.spark.offsets import (
+    CHANNEL,
     EARLIEST,
     LATEST,
     Position,
@@ -114,6 +115,10 @@ class _Ranges:
                 seconds = (position.timestamp_ms or 0) // 1000
                 offset = self._planned().locate(partition, StartPosition.timestamp(seconds))
                 self._boundaries.setdefault(partition, set()).add(offset)
+            elif position.kind == "channel":
+                # Where the channel is; without one yet, where nsqd puts a channel that a
+                # SUB creates: at the queue's end (youzan creates it on the leader).
+                offset = queue.end if queue.position is None else queue.position
             else:
                 at = position.at(partition)
                 if at is None:
@@ -162,11 +167,19 @@ class NsqRangeStreamReader(_Ranges, DataSourceStreamReader, SupportsTriggerAvail
         self._initial: dict[str, Any] | None = None
 
     def initialOffset(self) -> dict[str, Any]:
-        # Resolved once: Spark may ask again, and `latest` must not move meanwhile.
+        # Spark asks only when the checkpoint has no offset yet: a first run. Resolved once:
+        # Spark may ask again, and `latest` must not move meanwhile.
         if self._initial is None:
             queues = self._queues()
-            position = self.options.starting or Position("latest")
+            position = self.options.starting or CHANNEL
             starts = self._resolve(position, queues, "startingOffsets")
+            log.info(
+                "nsq source: a first run on %s/%s starts %s: %s",
+                self.options.topic,
+                self.options.channel,
+                _starting_from(position),
+                _where(starts, queues, position),
+            )
             # The channel starts where the query does, so nsqd's lag counts from there.
             self._planned().seek(starts)
             self._initial = offsets_to_spark(self.options.topic, starts)
@@ -247,6 +260,30 @@ class NsqRangeStreamReader(_Ranges, DataSourceStreamReader, SupportsTriggerAvail
 
     def stop(self) -> None:
         self._close_planner()
+
+
+def _starting_from(position: Position) -> str:
+    if position.kind == "channel":
+        return "at the channel's position (no startingOffsets)"
+    if position.kind == "timestamp":
+        return f"at startingTimestamp {position.timestamp_ms}"
+    if position.kind == "offsets":
+        return "at startingOffsets"
+    return f"at {position.kind} (startingOffsets)"
+
+
+def _where(
+    starts: Mapping[int, int], queues: Mapping[int, PartitionOffsets], position: Position
+) -> str:
+    """Per partition, the offset a stream starts at and what it is in its queue."""
+    parts = []
+    for partition in sorted(starts):
+        offset, queue = starts[partition], queues[partition]
+        note = f"queue {queue.start}..{queue.end}"
+        if position.kind == "channel" and queue.position is None:
+            note += ", no channel yet: the queue's end"
+        parts.append(f"partition {partition} at {offset} ({note})")
+    return "; ".join(parts)
 
 
 class NsqRangeBatchReader(_Ranges, DataSourceReader):

@@ -81,11 +81,8 @@ def check_sink_schema(schema: StructType, options: SinkOptions) -> SinkColumns:
         else:
             _expect("sharding_key", key, (StringType, *_INTEGRAL), "string or long")
     if "partition" in types:
+        # Both columns may exist: each row fills one of them at most (checked per row).
         _expect("partition", types["partition"], _INTEGRAL, "int")
-        if key is not None:
-            raise ValidationError(
-                "partition", "give a partition column or a sharding_key column, not both"
-            )
     if "topic" in types:
         _expect("topic", types["topic"], (StringType,), "string")
     elif options.topic is None:

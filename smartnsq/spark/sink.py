@@ -3,7 +3,8 @@
 
 Placement is the Producer's: a ``sharding_key`` row goes where ``publish(sharding_key=...)``
 sends that key, a ``partition`` row to its partition, a row with neither round-robin one batch
-at a time (as the Producer's auto-batching does). Rows are published in windows of at most
+at a time (as the Producer's auto-batching does). A DataFrame may have both columns; a row fills
+one of them at most. Rows are published in windows of at most
 ``maxBatch`` rows (and ``max_body_size`` bytes), one window after the other, so rows of the same
 key (or partition) keep their order within a task.
 
@@ -141,6 +142,8 @@ class _Rows:
         self.topic = topic
         self.keys = _optional(batch, "sharding_key", columns.sharding_key)
         self.partitions = _optional(batch, "partition", columns.partition)
+        if self.keys is not None and self.partitions is not None:
+            _one_of_key_or_partition(self.keys, self.partitions)
         trace_ids = _optional(batch, "trace_id", columns.trace_id)
         self.trace_ids = (
             None if trace_ids is None else [None if t is None else t & _UINT64 for t in trace_ids]
@@ -194,6 +197,18 @@ class _Rows:
 
 def _optional(batch: pa.RecordBatch, name: str, present: bool) -> list[Any] | None:
     return batch.column(name).to_pylist() if present else None
+
+
+def _one_of_key_or_partition(keys: list[Any], partitions: list[Any]) -> None:
+    """ValidationError for the first row that fills both sharding_key and partition: a row
+    goes where one of them says, as Producer.publish takes one of the two."""
+    for key, partition in zip(keys, partitions, strict=True):
+        if key is not None and partition is not None:
+            raise ValidationError(
+                "partition",
+                f"a row sets both partition ({partition}) and sharding_key ({key!r}): fill "
+                "one of the two per row (or neither, for round-robin)",
+            )
 
 
 def _all_or_none(values: list[Any]) -> bool:

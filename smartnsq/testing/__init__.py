@@ -16,14 +16,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from smartnsq.testing.cluster import Cluster
     from smartnsq.testing.errors import ClusterError
+    from smartnsq.testing.faults import FaultProxy, cluster_proxies
     from smartnsq.testing.state import ChannelRecord, Record
 
-__all__ = ["ChannelRecord", "Cluster", "ClusterError", "Record"]
+__all__ = ["ChannelRecord", "Cluster", "ClusterError", "FaultProxy", "Record", "cluster_proxies"]
 
 _HOMES = {
     "ChannelRecord": "smartnsq.testing.state",
     "Cluster": "smartnsq.testing.cluster",
     "ClusterError": "smartnsq.testing.errors",
+    "FaultProxy": "smartnsq.testing.faults",
+    "cluster_proxies": "smartnsq.testing.faults",
     "Record": "smartnsq.testing.state",
 }
 

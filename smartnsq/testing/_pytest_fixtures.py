@@ -1,20 +1,24 @@
-"""The ``nsq_cluster`` fixture; the pytest plugin loads this module only when pytest-asyncio
-is active (see ``smartnsq.testing.pytest_plugin``)."""
+"""The ``nsq_cluster``, ``nsq_fault_proxies`` and ``fault_proxy`` fixtures; the pytest plugin
+loads this module only when pytest-asyncio is active (see ``smartnsq.testing.pytest_plugin``)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import pytest_asyncio
 
-from smartnsq.testing.pytest_plugin import cluster_from_marker
+from smartnsq.testing.pytest_plugin import cluster_from_marker, proxies_from_marker
 
 if TYPE_CHECKING:
     from smartnsq.testing.cluster import Cluster
+    from smartnsq.testing.faults import ClusterProxies, FaultProxy
 
-__all__ = ["nsq_cluster"]
+__all__ = ["fault_proxy", "nsq_cluster", "nsq_fault_proxies"]
+
+#: What the ``fault_proxy`` fixture is: ``await fault_proxy("host:port", **options)``.
+ProxyFactory = Callable[..., Awaitable["FaultProxy"]]
 
 
 @pytest_asyncio.fixture
@@ -24,3 +28,34 @@ async def nsq_cluster(request: pytest.FixtureRequest) -> AsyncIterator[Cluster]:
     cluster = cluster_from_marker(request)
     async with cluster:
         yield cluster
+
+
+@pytest_asyncio.fixture
+async def nsq_fault_proxies(
+    nsq_cluster: Cluster, request: pytest.FixtureRequest
+) -> AsyncIterator[ClusterProxies]:
+    """Fault proxies in front of every nsqd of ``nsq_cluster`` (``nsq_fault_proxies``
+    marker: ``http``, ``lookupd``, ``seed``); pass ``address_map`` to the clients. Closed
+    after the test."""
+    async with proxies_from_marker(request, nsq_cluster) as proxies:
+        yield proxies
+
+
+@pytest_asyncio.fixture
+async def fault_proxy() -> AsyncIterator[ProxyFactory]:
+    """A factory of started fault proxies, all closed after the test:
+    ``proxy = await fault_proxy("127.0.0.1:4150", seed=1)`` (options of ``FaultProxy``)."""
+    from smartnsq.testing.faults import FaultProxy
+
+    made: list[FaultProxy] = []
+
+    async def make(upstream: str, **options: Any) -> FaultProxy:
+        proxy = FaultProxy.to(upstream, **options)
+        made.append(proxy)
+        return await proxy.start()
+
+    try:
+        yield make
+    finally:
+        for proxy in made:
+            await proxy.close()

@@ -589,6 +589,33 @@ class Cluster:
             raise ValidationError("seconds", "must be >= 0")
         self._node(index).latency = seconds
 
+    def blackhole(self, index: int) -> None:
+        """Node ``index`` drops off the network, silently, as in a partition: its TCP and
+        HTTP servers stop answering. Open connections go silent (no FIN, no RST, no
+        heartbeats; what the clients send waits unread, what the node writes is held), new
+        connections are accepted and never answered. A session whose read deadline (its
+        heartbeat interval x 3 on youzan, x 2 on classic) passes meanwhile leaves its
+        channel, as nsqd closes it, and is closed on :meth:`heal`. The topology does not
+        change: the lookupds keep announcing the node and no failover starts (use
+        :meth:`stop_node` for that). Lasts across a restart of the node."""
+        self._node(index).blackhole()
+        self._node_http[self._node(index).index].blackhole()
+
+    def heal(self, index: int) -> None:
+        """Node ``index`` is reachable again (see :meth:`blackhole`): what waited is read,
+        what was held is delivered, sessions nsqd gave up on are closed."""
+        self._node(index).heal()
+        self._node_http[self._node(index).index].heal()
+
+    def blackhole_lookupd(self, index: int) -> None:
+        """nsqlookupd ``index`` stops answering, silently (as :meth:`blackhole` does to a
+        node's HTTP server) until :meth:`heal_lookupd`."""
+        self.lookupds[index].http.blackhole()
+
+    def heal_lookupd(self, index: int) -> None:
+        """nsqlookupd ``index`` answers again; held answers are delivered."""
+        self.lookupds[index].http.heal()
+
     async def stop_lookupd(self, index: int) -> None:
         """Stop an nsqlookupd (its port stays reserved for a restart)."""
         await self.lookupds[index].stop()

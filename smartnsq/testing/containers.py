@@ -17,7 +17,8 @@ A cluster is a context manager (``with`` or ``async with``); leaving it removes 
 container and the network, also when the test failed (and at interpreter exit for a cluster
 never closed). Node faults: :meth:`~ContainerCluster.stop` (SIGTERM),
 :meth:`~ContainerCluster.kill` (SIGKILL), :meth:`~ContainerCluster.start`,
-:meth:`~ContainerCluster.pause`, :meth:`~ContainerCluster.unpause`. They are blocking Docker
+:meth:`~ContainerCluster.pause`, :meth:`~ContainerCluster.unpause`, and network partitions:
+:meth:`~ContainerCluster.partition`, :meth:`~ContainerCluster.heal`. They are blocking Docker
 calls: from a coroutine use ``await asyncio.to_thread(cluster.kill, 1)``.
 
 Images come from the arguments or the environment (``SMARTNSQ_TEST_IMAGE``,
@@ -218,6 +219,7 @@ class _Service:
     published: dict[int, int] = field(default_factory=dict)
     ip: str = ""
     running: bool = False
+    partitioned: bool = False
 
 
 def _startup_error(service: _Service, problem: str, log: str) -> str:
@@ -602,6 +604,44 @@ class ContainerCluster:
 
     def unpause(self, index: int) -> None:
         self._node(index).container.get_wrapped_container().unpause()
+
+    def partition(self, index: int) -> None:
+        """Cut node ``index`` off the cluster's network (``docker network disconnect``), as
+        a network partition. Between containers it is a true partition: packets are
+        dropped, established connections stay open and silent, the node's name no longer
+        resolves. From the host it is not silent: the published ports go with the
+        network, so connections through them are closed and new ones refused until
+        :meth:`heal` (for a silent link from the host, put a
+        :class:`~smartnsq.testing.faults.FaultProxy` before the published port, or
+        :meth:`pause` the node). Idempotent."""
+        service = self._node(index)
+        if service.partitioned:
+            return
+        self._docker_network(service).disconnect(service.container.get_wrapped_container())
+        service.partitioned = True
+
+    def heal(self, index: int) -> None:
+        """Join node ``index`` to the cluster's network again under its name
+        (``docker network connect``); its published ports come back on the same host
+        ports. Idempotent."""
+        service = self._node(index)
+        if not service.partitioned:
+            return
+        wrapped = service.container.get_wrapped_container()
+        self._docker_network(service).connect(wrapped, aliases=[service.name])
+        service.partitioned = False
+        self._refresh(service)
+
+    def partitioned(self, index: int) -> bool:
+        """Node ``index`` is cut off by :meth:`partition`."""
+        return self._node(index).partitioned
+
+    def _docker_network(self, service: _Service) -> Any:
+        """The cluster's network as docker-py's object, through the service's client."""
+        if self._network is None:
+            raise ContainerClusterError("the cluster is not open")
+        client = service.container.get_docker_client().client
+        return client.networks.get(self._network.name)
 
     def logs(self, name: str) -> str:
         """The log (stdout and stderr) of the service ``name`` so far."""

@@ -203,10 +203,32 @@ class _HttpProtocol(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._held: list[bytes] = []  # answered while blackholed, sent on heal
+        self._close_held = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
         self._server._connections.add(self)
+        if self._server.blackholed:
+            self.go_silent()
+
+    def go_silent(self) -> None:
+        """The server was blackholed: read nothing more; answers are held."""
+        if self._transport is not None:
+            self._transport.pause_reading()
+
+    def answer_again(self) -> None:
+        """The server was healed: send what was held, then read again."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        held, self._held = self._held, []
+        for data in held:
+            transport.write(data)
+        if self._close_held:
+            transport.close()
+            return
+        transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server._connections.discard(self)
@@ -299,11 +321,17 @@ class _HttpProtocol(asyncio.Protocol):
         head += [f"{k}: {v}" for k, v in response.headers]
         if not keep_alive:
             head.append("Connection: close")
-        self._transport.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + response.body)
+        data = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + response.body
+        if self._server.blackholed:
+            self._held.append(data)
+        else:
+            self._transport.write(data)
 
     def close(self) -> None:
         self._closing = True
-        if self._transport is not None:
+        if self._server.blackholed and not self._server.stopping:
+            self._close_held = True
+        elif self._transport is not None:
             self._transport.close()
 
 
@@ -317,6 +345,22 @@ class HttpServer:
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[_HttpProtocol] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self.blackholed = False
+        self.stopping = False
+
+    def blackhole(self) -> None:
+        """Stop answering, silently: open connections read nothing more and hold their
+        answers (no FIN, no RST); new ones are accepted and never answered. Until
+        :meth:`heal`, across a restart too."""
+        self.blackholed = True
+        for conn in list(self._connections):
+            conn.go_silent()
+
+    def heal(self) -> None:
+        """Answer again: held answers are sent, waiting requests read."""
+        self.blackholed = False
+        for conn in list(self._connections):
+            conn.answer_again()
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -331,11 +375,13 @@ class HttpServer:
 
     async def stop(self) -> None:
         if self._server is not None:
+            self.stopping = True
             self._server.close()
             for conn in list(self._connections):
                 conn.close()
             await self._server.wait_closed()
             self._server = None
+            self.stopping = False
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:

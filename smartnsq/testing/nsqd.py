@@ -221,6 +221,7 @@ class NsqdNode:
         self.sessions: set[ClientSession] = set()
         self.latency = 0.0
         self.heartbeats_enabled = True
+        self.blackholed = False  # see blackhole()
         self.start_time = int(time.time())
         self._server: asyncio.base_events.Server | None = None
         self._session_ids = 0
@@ -299,6 +300,21 @@ class NsqdNode:
                 dropped += 1
         return dropped
 
+    def blackhole(self) -> None:
+        """The node's network goes silent: its sessions read nothing more and what they
+        write is held (no FIN, no RST), new connections are accepted and never answered.
+        Stays on across a restart of the node, until :meth:`heal`."""
+        self.blackholed = True
+        for session in list(self.sessions):
+            session.go_silent()
+
+    def heal(self) -> None:
+        """The network answers again: sessions read what waited and deliver what they
+        held; those nsqd gave up on during the blackhole (read deadline) are closed."""
+        self.blackholed = False
+        for session in list(self.sessions):
+            session.answer_again()
+
     def detach_consumers(self, log_: PartitionLog) -> None:
         """This node no longer serves ``log_``: its consumers leave the channel now (their
         in-flight messages go back to the queue) and their connections are closed."""
@@ -338,6 +354,9 @@ class ClientSession(asyncio.BufferedProtocol):
         self._upgrading = False
         self._closed = False
         self._closing_after_flush = False
+        # Written while the node is blackholed, sent on heal (TCP would retransmit it).
+        self._held: list[bytes] = []
+        self._expired = False  # nsqd's read deadline passed in a blackhole: closed on heal
         # identity and negotiated settings: nsqd's defaults, then what IDENTIFY set
         self.auth_identity: str | None = None
         self.tls = False
@@ -364,6 +383,8 @@ class ClientSession(asyncio.BufferedProtocol):
         self.transport = transport  # type: ignore[assignment]
         self.node.sessions.add(self)
         self._schedule_heartbeat()
+        if self.node.blackholed:
+            self.go_silent()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
@@ -373,12 +394,15 @@ class ClientSession(asyncio.BufferedProtocol):
         if self._ticker is not None:
             self._ticker.cancel()
             self._ticker = None
+        self._leave_channel()
+        self.changes.changed()
+
+    def _leave_channel(self) -> None:
         if self.channel is not None:
             channel = self.channel
             self.channel = None
             channel.remove_client(self)
             self.topology.client_left(channel)
-        self.changes.changed()
 
     # Reads land in one buffer per session (recv_into), not in a fresh 256 KiB bytes object
     # per read, whose cost swings with the allocator's state. Written here rather than
@@ -463,6 +487,9 @@ class ClientSession(asyncio.BufferedProtocol):
             self._raw_write(data)
 
     def _raw_write(self, data: bytes) -> None:
+        if self.node.blackholed:
+            self._held.append(data)  # and a close after it waits too
+            return
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
         if self._closing_after_flush and self.transport is not None:
@@ -481,12 +508,37 @@ class ClientSession(asyncio.BufferedProtocol):
             self._flush()
         elif self.node.latency > 0:
             self._loop.call_later(self.node.latency, self._raw_write, b"")
+        elif self.node.blackholed:
+            self._held.append(b"")
         elif self.transport is not None:
             self.transport.close()
 
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
+
+    # ------------------------------------------------------------------ blackhole
+
+    def go_silent(self) -> None:
+        """The node was blackholed: read nothing more (what the client sends waits in the
+        kernel); writes are held by ``_raw_write``."""
+        if self.transport is not None and not self._upgrading:
+            self.transport.pause_reading()
+
+    def answer_again(self) -> None:
+        """The node was healed: a session nsqd gave up on meanwhile is closed now (nsqd's
+        FIN gets through; RST if the client's unread bytes wait); the others read again and
+        send what they held, closing after it when a close waited."""
+        if self.transport is None or self._closed:
+            return
+        if self._expired:
+            self.abort()
+            return
+        held, self._held = self._held, []
+        for data in held:
+            self._raw_write(data)
+        if not self._upgrading and not self.transport.is_closing():
+            self.transport.resume_reading()
 
     # ------------------------------------------------------------------ heartbeats
 
@@ -503,10 +555,18 @@ class ClientSession(asyncio.BufferedProtocol):
             return
         deadline = self.peer.heartbeat_interval * self.settings.read_deadline_factor
         if time.monotonic() - self._last_read > deadline:
+            if self.node.blackholed:
+                # nsqd closes the connection, but in a blackhole the client sees nothing:
+                # the session leaves its channel now and is closed on heal.
+                log.debug("%s: read deadline passed in a blackhole", self.label)
+                self._expired = True
+                self._leave_channel()
+                self.changes.changed()
+                return
             log.debug("%s: read deadline passed, closing", self.label)
             self.abort()
             return
-        if self.node.heartbeats_enabled:
+        if self.node.heartbeats_enabled and not self.node.blackholed:
             self._write(encode_response(HEARTBEAT))
         self._schedule_heartbeat()
 
@@ -620,6 +680,8 @@ class ClientSession(asyncio.BufferedProtocol):
         if codec is not None:
             self._install_codec(codec)
         self._upgrading = False
+        if self.node.blackholed:
+            self.go_silent()
         self._process()
 
     # AUTH -------------------------------------------------------------------------------

@@ -13,8 +13,12 @@ seek delivers was observed (docs/protocol.md#reading-after-a-seek):
   ``msgcount:N`` on the N-th message (1-based: the search stops with N - 1 messages before the
   position); ``timestamp`` on the first message published at or after that second;
   ``special:-1`` at the end. The searches clamp: a position before the queue lands on its first
-  message, one past it on the end. An empty queue has no commit log entry to search ("commit
-  log end of file"); a negative second, or a special value other than -1, is refused.
+  message, one past it on the end (``SearchLogByMsgOffset`` and ``SearchLogByMsgCnt`` find
+  the last commit log entry, then read the queue on from it until the disk queue's EOF,
+  which leaves them at the end), and ``doSetChannelOffset`` (nsqdserver/http.go) answers
+  200 with an empty body all the same: only nsqd's own log says where the channel went. An
+  empty queue has no commit log entry to search ("commit log end of file"); a negative
+  second, or a special value other than -1, is refused.
 * :func:`seek_channel` moves the channel (``Channel.SetConsumeOffset`` and ``drainChannelWaiting``,
   nsqd/channel.go, see :meth:`Channel.move_reader`) and syncs the position to the live
   replicas, which create the channel if they lack it (``SetChannelConsumeOffsetToCluster`` and

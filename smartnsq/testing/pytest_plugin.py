@@ -19,6 +19,23 @@ is a started container cluster for each test, removed after it::
         producer = nsq_docker_cluster.producer()  # wired with the cluster's address map
         ...
 
+Fault proxies (:mod:`smartnsq.testing.faults`): ``nsq_fault_proxies`` puts one in front of
+every nsqd of ``nsq_cluster`` and gives the clients' ``address_map``; ``fault_proxy`` is a
+factory of proxies to any ``host:port``; both are closed after the test::
+
+    async def test_blackhole(nsq_cluster, nsq_fault_proxies):
+        producer = smartnsq.Producer(
+            lookupd=[nsq_cluster.lookupd_url], address_map=nsq_fault_proxies.address_map
+        )
+        nsq_fault_proxies[0].blackhole()  # node 0 goes silent
+        ...
+
+    @pytest.mark.nsq_fault_proxies(http=True, lookupd=True, seed=7)
+    async def test_more(nsq_fault_proxies): ...
+
+    async def test_one(nsq_cluster, fault_proxy):
+        proxy = await fault_proxy(nsq_cluster.nsqd_addresses[0], seed=1)
+
 ``nsq_docker(kind, **options)``: kind ``"embedded"`` (default: the smartnsq image,
 ``$SMARTNSQ_TEST_IMAGE``), ``"youzan"`` (``$SMARTNSQ_YOUZAN_IMAGE``, ``$SMARTNSQ_ETCD_IMAGE``)
 or ``"classic"`` (``$SMARTNSQ_CLASSIC_IMAGE``); options go to the cluster class. Without a
@@ -46,11 +63,20 @@ if TYPE_CHECKING:
 
     from smartnsq.testing.cluster import Cluster
     from smartnsq.testing.containers import ContainerCluster
+    from smartnsq.testing.faults import ClusterProxies
 
-__all__ = ["DOCKER_MARKER", "MARKER", "cluster_from_marker", "docker_cluster_from_marker"]
+__all__ = [
+    "DOCKER_MARKER",
+    "MARKER",
+    "PROXIES_MARKER",
+    "cluster_from_marker",
+    "docker_cluster_from_marker",
+    "proxies_from_marker",
+]
 
 MARKER = "nsq_cluster"
 DOCKER_MARKER = "nsq_docker"
+PROXIES_MARKER = "nsq_fault_proxies"
 _FIXTURES = "smartnsq.testing._pytest_fixtures"
 
 
@@ -59,6 +85,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         f"{MARKER}(nodes=3, classic=False, lookupds=1, failover_delay=0.0, **options): "
         "configure the nsq_cluster fixture (smartnsq.testing.Cluster arguments)",
+    )
+    config.addinivalue_line(
+        "markers",
+        f"{PROXIES_MARKER}(http=False, lookupd=False, seed=None): configure the "
+        "nsq_fault_proxies fixture (smartnsq.testing.faults.cluster_proxies arguments)",
     )
     config.addinivalue_line(
         "markers",
@@ -80,16 +111,27 @@ def _asyncio_plugin_active(config: pytest.Config) -> bool:
     )
 
 
+def _needs_asyncio(name: str) -> None:
+    pytest.fail(
+        f"the {name} fixture needs pytest-asyncio (pip install pytest-asyncio)", pytrace=False
+    )
+
+
 class _WithoutAsyncio:
-    """Stands in for the fixture when pytest-asyncio is missing or disabled: asking for it
-    fails with a clear message instead of pytest's generic one."""
+    """Stands in for the fixtures when pytest-asyncio is missing or disabled: asking for
+    one fails with a clear message instead of pytest's generic one."""
 
     @pytest.fixture
     def nsq_cluster(self) -> None:
-        pytest.fail(
-            "the nsq_cluster fixture needs pytest-asyncio (pip install pytest-asyncio)",
-            pytrace=False,
-        )
+        _needs_asyncio("nsq_cluster")
+
+    @pytest.fixture
+    def nsq_fault_proxies(self) -> None:
+        _needs_asyncio("nsq_fault_proxies")
+
+    @pytest.fixture
+    def fault_proxy(self) -> None:
+        _needs_asyncio("fault_proxy")
 
 
 def cluster_from_marker(request: pytest.FixtureRequest) -> Cluster:
@@ -105,6 +147,21 @@ def cluster_from_marker(request: pytest.FixtureRequest) -> Cluster:
         return Cluster(*args, **kwargs)
     except (TypeError, ValidationError) as exc:
         pytest.fail(f"@pytest.mark.{MARKER}: {exc}", pytrace=False)
+
+
+def proxies_from_marker(request: pytest.FixtureRequest, cluster: Cluster) -> ClusterProxies:
+    """(Not yet started) fault proxies before ``cluster``, configured by the closest
+    ``nsq_fault_proxies`` marker."""
+    from smartnsq.testing.faults import cluster_proxies
+
+    marker = request.node.get_closest_marker(PROXIES_MARKER)
+    args: tuple[Any, ...] = marker.args if marker is not None else ()
+    kwargs: dict[str, Any] = dict(marker.kwargs) if marker is not None else {}
+    try:
+        inspect.signature(cluster_proxies).bind(cluster, *args, **kwargs)
+    except TypeError as exc:
+        pytest.fail(f"@pytest.mark.{PROXIES_MARKER}: {exc}", pytrace=False)
+    return cluster_proxies(cluster, *args, **kwargs)
 
 
 class _DockerFixtures:

@@ -1,15 +1,37 @@
-"""The HTTP client for lookupd and the nsqd HTTP API. Loading the system's CA bundle costs
-about 0.2 s, a large share of a short CLI run, and most clusters are plain http: the
-verifying TLS transport is only built for the first https request."""
+"""The HTTP client for lookupd and the nsqd HTTP API, and the one way an exchange is made.
+
+Every exchange (:func:`exchange`) is bounded in time and size: the whole of it (connect,
+send, the full answer) within one deadline, since httpx's timeouts bound each read and a
+server trickling a byte at a time never trips them; and at most ``max_bytes`` of answer,
+read as a stream, so a huge answer is refused before it is held in memory.
+
+Loading the system's CA bundle costs about 0.2 s, a large share of a short CLI run, and most
+clusters are plain http: the verifying TLS transport is only built for the first https
+request."""
 
 from __future__ import annotations
 
+import asyncio
 import ssl
+from dataclasses import dataclass
 from types import TracebackType
 
 import httpx
 
-__all__ = ["new_http_client"]
+from smartnsq.errors import ConnectionClosedError, NSQTimeoutError, ProtocolError
+from smartnsq.transport.httplog import quiet
+
+__all__ = [
+    "DEFAULT_MAX_ANSWER_BYTES",
+    "HttpAnswer",
+    "client_timeout",
+    "exchange",
+    "new_http_client",
+]
+
+#: The largest answer read from nsqlookupd or nsqd's HTTP API (4 MiB): a lookup of a topic
+#: with 255 partitions, or a filtered ``/stats``, is a few hundred KiB at most.
+DEFAULT_MAX_ANSWER_BYTES = 4 * 1024 * 1024
 
 
 class _TlsOnDemand(httpx.AsyncBaseTransport):
@@ -47,3 +69,74 @@ def new_http_client(
 ) -> httpx.AsyncClient:
     """An ``httpx.AsyncClient`` with ``timeout``; ``transport`` replaces the network (tests)."""
     return httpx.AsyncClient(timeout=timeout, transport=transport or _TlsOnDemand())
+
+
+def client_timeout(http: httpx.AsyncClient, default: float = 10.0) -> float:
+    """The timeout ``http`` was made with (:func:`new_http_client`), as the bound of a whole
+    exchange."""
+    timeout = http.timeout
+    values = [v for v in (timeout.connect, timeout.read, timeout.write, timeout.pool) if v]
+    return max(values) if values else default
+
+
+@dataclass(frozen=True)
+class HttpAnswer:
+    """A complete answer: its status, headers and body."""
+
+    status: int
+    headers: httpx.Headers
+    body: bytes
+
+
+async def exchange(
+    http: httpx.AsyncClient,
+    method: str,
+    url: str,
+    *,
+    timeout: float,
+    max_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
+    params: dict[str, str] | None = None,
+    content: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> HttpAnswer:
+    """One request and its whole answer within ``timeout`` seconds, at most ``max_bytes``
+    of it. Raises :class:`~smartnsq.errors.NSQTimeoutError` when the answer is not complete
+    in time, :class:`~smartnsq.errors.ProtocolError` when it is larger than ``max_bytes``
+    (what came beyond is never read), :class:`~smartnsq.errors.ConnectionClosedError` when
+    nothing answers. httpx logs nothing of it (:mod:`smartnsq.transport.httplog`)."""
+    late = f"{method} {url}: no complete answer within {timeout:.3g} s"
+    try:
+        async with asyncio.timeout(timeout):
+            with quiet():
+                async with http.stream(
+                    method, url, params=params, content=content, headers=headers, timeout=timeout
+                ) as response:
+                    body = await _read_bounded(response, url, max_bytes)
+    except TimeoutError:
+        raise NSQTimeoutError(late) from None
+    except httpx.TimeoutException as exc:
+        raise NSQTimeoutError(late) from exc
+    except (httpx.HTTPError, OSError) as exc:
+        raise ConnectionClosedError(
+            f"{method} {url} got no answer: {type(exc).__name__}: {exc}"
+        ) from exc
+    return HttpAnswer(response.status_code, response.headers, body)
+
+
+async def _read_bounded(response: httpx.Response, url: str, max_bytes: int) -> bytes:
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise _too_large(url, max_bytes, f"it declares {int(declared)} bytes")
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) > max_bytes:
+            raise _too_large(url, max_bytes, "it went on past that")
+    return bytes(body)
+
+
+def _too_large(url: str, max_bytes: int, how: str) -> ProtocolError:
+    return ProtocolError(
+        f"{url}: the answer is over the {max_bytes} bytes read at most ({how}); nsqlookupd and "
+        "nsqd answer far less (raise max_answer_bytes if this one is right)"
+    )

@@ -1,4 +1,5 @@
-"""The lookup manager: where topics live, kept fresh from every nsqlookupd (PROTOCOL.md 8).
+"""The lookup manager: where topics live, kept fresh from every nsqlookupd (its ``/lookup``
+and ``/listlookup``, ``nsqlookupd/http.go``).
 
 A *round* for one (topic, access):
 
@@ -12,10 +13,15 @@ A *round* for one (topic, access):
 Both youzan SDKs ask a single lookupd per round; asking all of them and voting hides a lookupd
 whose registry lags behind a leader change.
 
-A lookupd that fails (transport error, timeout, a 5xx that is not an nsqlookupd answer, a body
-that does not parse) is skipped for an exponentially growing time (1 s doubling up to 60 s by
-default, on the injected clock); when every lookupd is being skipped they are all tried anyway.
-A success resets the backoff.
+Every request is bounded (:func:`smartnsq.transport.httpclient.exchange`): its whole answer
+within ``timeout`` (a total deadline: a lookupd trickling its answer cannot hold a round) and at
+most ``max_answer_bytes`` of it. A lookupd that fails (transport error, timeout, an answer too
+large, a 5xx that is not an nsqlookupd answer, a body that does not parse) is skipped by lookups
+for an exponentially growing time (1 s doubling up to 60 s by default, on the injected clock);
+when every lookupd is being skipped they are all tried anyway, and the periodic poll asks every
+lookupd whatever its state, so one that failed is asked again at the next poll. A success resets
+the backoff. Failures are logged at WARNING once per ``log_interval`` per lookupd, with the
+count of the records held back.
 
 Concurrent refreshes of the same (topic, access) share one round, and a refresh less than
 ``refresh_min_interval`` after the previous round finished reuses that round's result. Tracked
@@ -37,19 +43,21 @@ from types import TracebackType
 from urllib.parse import urlsplit
 
 import httpx
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_fixed
 
 from smartnsq.errors import (
     ClientClosedError,
+    ConnectionClosedError,
     LookupFailedError,
     NotLookupdError,
     NSQError,
+    NSQTimeoutError,
     ProtocolError,
     TopicHasNoChannelError,
     TopicNotFoundError,
     ValidationError,
 )
 from smartnsq.flow.backoff import exponential
+from smartnsq.flow.logthrottle import LogThrottle
 from smartnsq.protocol.lookupd import (
     ACCEPT_V1,
     TOPIC_NOT_FOUND,
@@ -68,8 +76,7 @@ from smartnsq.protocol.lookupd import (
 )
 from smartnsq.protocol.validation import check_topic
 from smartnsq.routing.addresses import AddressMap, AddressMapping
-from smartnsq.transport.httpclient import new_http_client
-from smartnsq.transport.httplog import quiet
+from smartnsq.transport.httpclient import DEFAULT_MAX_ANSWER_BYTES, exchange, new_http_client
 
 __all__ = [
     "DEFAULT_LOOKUPD_PORT",
@@ -81,7 +88,8 @@ __all__ = [
 ]
 
 DEFAULT_LOOKUPD_PORT = 4161
-DEFAULT_TIMEOUT = httpx.Timeout(5.0, connect=2.0)
+#: The bound of one exchange with an nsqlookupd, its whole answer included (seconds).
+DEFAULT_TIMEOUT = 5.0
 
 WatchCallback = Callable[[TopicLayout], Awaitable[None] | None]
 Sleep = Callable[[float], Awaitable[object]]
@@ -91,7 +99,11 @@ _Key = tuple[str, Access]
 _MIN_WAIT_STEP = 0.05
 
 # What a lookupd that is down or broken raises; anything else is a bug and propagates.
-_FAILURES = (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError, ProtocolError, OSError)
+_FAILURES = (ConnectionClosedError, NSQTimeoutError, ProtocolError, httpx.InvalidURL)
+
+
+class _ServerFault(ProtocolError):
+    """A 5xx answer that is not nsqlookupd's own (a proxy, a server in trouble): retried."""
 
 
 def normalize_seed(seed: object) -> tuple[str, str]:
@@ -121,13 +133,18 @@ def normalize_seed(seed: object) -> tuple[str, str]:
 
 
 def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionClosedError) and exc.__cause__ is not None:
+        exc = exc.__cause__  # what the request met (the URL is said beside it)
+    if isinstance(exc, _ServerFault):
+        return str(exc)
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _is_retriable(exc: BaseException) -> bool:
-    # Transport errors and 5xx answers that are not nsqlookupd's (see _get_once).
-    return isinstance(exc, (httpx.TransportError, httpx.HTTPStatusError))
+    # Nothing answered, or a 5xx that is not nsqlookupd's (see _get_once); not a timeout,
+    # which used the whole of the request's time.
+    return isinstance(exc, (ConnectionClosedError, _ServerFault))
 
 
 def _retrieve(task: asyncio.Task[object]) -> None:
@@ -179,14 +196,16 @@ class LookupManager:
     """Finds and tracks topic layouts through every reachable nsqlookupd.
 
     ``seeds``: nsqlookupd HTTP addresses, ``"host:port"`` (port 4161 when omitted) or
-    ``"http://host:port"``. ``timeout``: per request (default: connect 2 s, 5 s otherwise).
-    ``http_client``: an httpx client to use instead of the manager's own (the caller closes it);
-    ``transport``: an httpx transport for the manager's own client. ``clock``, ``rand`` and
-    ``sleep`` drive backoff, jitter and polling, so tests can control time.
-    ``address_map``: a dict ``{"host:port": "host:port"}`` or a function ``(address) ->
-    address`` (see :class:`~smartnsq.routing.addresses.AddressMap`) applied to every nsqd
-    address (TCP and HTTP) the lookups return and every nsqlookupd ``/listlookup`` lists:
-    what a client outside Docker or NAT needs to reach nodes that announce inner addresses.
+    ``"http://host:port"``. ``timeout``: the bound of one request to a lookupd, its retry and its
+    whole answer included (5 s); ``max_answer_bytes``: the largest answer read (4 MiB; a larger one
+    is a failure of that lookupd); ``log_interval``: a lookupd's failures are logged once per
+    interval, with a count. ``http_client``: an httpx client to use instead of the manager's own
+    (the caller closes it); ``transport``: an httpx transport for the manager's own client.
+    ``clock``, ``rand`` and ``sleep`` drive backoff, jitter and polling, so tests can control time.
+    ``address_map``: a dict ``{"host:port": "host:port"}`` or a function ``(address) -> address``
+    (see :class:`~smartnsq.routing.addresses.AddressMap`) applied to every nsqd address (TCP and
+    HTTP) the lookups return and every nsqlookupd ``/listlookup`` lists: what a client outside
+    Docker or NAT needs to reach nodes that announce inner addresses.
 
     Bound to the event loop lazily: nothing loop-bound is created before the first call.
     """
@@ -195,7 +214,9 @@ class LookupManager:
         self,
         seeds: Sequence[str],
         *,
-        timeout: httpx.Timeout | float | None = DEFAULT_TIMEOUT,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
+        log_interval: float = 10.0,
         poll_interval: float = 60.0,
         poll_jitter: float = 0.3,
         refresh_min_interval: float = 0.25,
@@ -217,6 +238,10 @@ class LookupManager:
         if not seeds:
             raise ValidationError("seeds", "at least one nsqlookupd address is required")
         _positive("poll_interval", poll_interval)
+        _positive("timeout", timeout)
+        _positive("log_interval", log_interval)
+        if type(max_answer_bytes) is not int or max_answer_bytes < 1:
+            raise ValidationError("max_answer_bytes", "must be an int >= 1 (bytes)")
         if not 0 <= poll_jitter < 1:
             raise ValidationError("poll_jitter", "must be in [0, 1)")
         _non_negative("refresh_min_interval", refresh_min_interval)
@@ -233,7 +258,9 @@ class LookupManager:
             address, base_url = normalize_seed(seed)
             self._lookupds.setdefault(address, _Lookupd(address, base_url, seed=True))
 
-        self._timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+        self._timeout = float(timeout)
+        self._max_answer_bytes = max_answer_bytes
+        self._log_throttle = LogThrottle(float(log_interval), clock)
         self._poll_interval = float(poll_interval)
         self._poll_jitter = float(poll_jitter)
         self._refresh_min_interval = float(refresh_min_interval)
@@ -481,7 +508,9 @@ class LookupManager:
         if self._wake is not None and when < self._poll_deadline:
             self._wake.set()
 
-    async def _refresh(self, key: _Key, *, forced: bool = False) -> TopicLayout:
+    async def _refresh(
+        self, key: _Key, *, forced: bool = False, periodic: bool = False
+    ) -> TopicLayout:
         task = self._inflight.get(key)
         if task is None:
             # A forced refresh (a client saw a stale layout) is spaced from the previous
@@ -495,7 +524,7 @@ class LookupManager:
                 if error is not None:
                     raise error.with_traceback(None)
             task = asyncio.get_running_loop().create_task(
-                self._round(key), name=f"smartnsq-lookup-{key[0]}-{key[1]}"
+                self._round(key, periodic), name=f"smartnsq-lookup-{key[0]}-{key[1]}"
             )
             task.add_done_callback(_retrieve)
             self._inflight[key] = task
@@ -509,11 +538,11 @@ class LookupManager:
             if forced:
                 self._forced_end[key] = self._clock()
 
-    async def _round(self, key: _Key) -> TopicLayout:
+    async def _round(self, key: _Key, periodic: bool = False) -> TopicLayout:
         topic, access = key
         self._topic_errors.pop(key, None)  # remembered for one round only
         try:
-            layout = await self._query(topic, access)
+            layout = await self._query(topic, access, periodic)
         except (TopicNotFoundError, TopicHasNoChannelError) as exc:
             # A definitive answer: forget the old layout so lookup() asks again next time.
             self._cache.pop(key, None)
@@ -523,7 +552,7 @@ class LookupManager:
             cached = self._cache.get(key)
             if cached is None:
                 raise
-            self._logger.warning("%s; serving the cached layout of %r (access=%s)", exc, *key)
+            self._warn(("stale", key), "%s; serving the cached layout of %r (access=%s)", exc, *key)
             return cached
         finally:
             if self._inflight.get(key) is asyncio.current_task():
@@ -540,9 +569,9 @@ class LookupManager:
             await self._notify(key, layout)
         return layout
 
-    async def _query(self, topic: str, access: Access) -> TopicLayout:
+    async def _query(self, topic: str, access: Access, periodic: bool = False) -> TopicLayout:
         await self._discover()
-        targets = self._pick()
+        targets = self._pick(every=periodic)
         self._logger.debug(
             "lookup of %r (access=%s) on %s", topic, access, ", ".join(t.address for t in targets)
         )
@@ -674,6 +703,8 @@ class LookupManager:
         where = lookupd.base_url
         try:
             info = await self._get(lookupd, "/info", None)
+        except _ServerFault:
+            return ""  # a server in trouble says nothing about what it is
         except ProtocolError as exc:
             return (
                 f"{where} is not an nsqlookupd: it answers HTTP, but not as nsqlookupd does "
@@ -691,14 +722,17 @@ class LookupManager:
 
     # ------------------------------------------------------------------ health
 
-    def _pick(self) -> list[_Lookupd]:
-        """The lookupds to ask now: the healthy ones, or all when none is (never an address
-        found not to be an nsqlookupd, unless there is no other)."""
+    def _pick(self, every: bool = False) -> list[_Lookupd]:
+        """The lookupds to ask now: the healthy ones, or all when none is or ``every`` (the
+        periodic poll) says so; never an address found not to be an nsqlookupd, unless there
+        is no other."""
         now = self._clock()
-        every = [lookupd for lookupd in self._lookupds.values() if not lookupd.not_lookupd]
-        every = every or list(self._lookupds.values())
-        healthy = [lookupd for lookupd in every if lookupd.retry_at <= now]
-        return healthy or every
+        candidates = [lookupd for lookupd in self._lookupds.values() if not lookupd.not_lookupd]
+        candidates = candidates or list(self._lookupds.values())
+        if every:
+            return candidates
+        healthy = [lookupd for lookupd in candidates if lookupd.retry_at <= now]
+        return healthy or candidates
 
     def _mark_ok(self, lookupd: _Lookupd) -> None:
         if lookupd.failures:
@@ -710,21 +744,26 @@ class LookupManager:
     def _mark_failed(self, lookupd: _Lookupd, exc: BaseException) -> None:
         lookupd.last_error = _describe(exc)
         now = self._clock()
-        if lookupd.retry_at > now:
-            # Tried early because every lookupd was down-ranked: keep the current backoff.
-            self._logger.warning(
-                "nsqlookupd %s failed again: %s", lookupd.address, lookupd.last_error
-            )
-            return
-        lookupd.failures += 1
-        delay = exponential(lookupd.failures, self._backoff_base, self._backoff_max)
-        lookupd.retry_at = now + delay
-        self._logger.warning(
-            "nsqlookupd %s failed (%s); skipping it for %.1f s",
+        if lookupd.retry_at <= now:
+            lookupd.failures += 1
+            delay = exponential(lookupd.failures, self._backoff_base, self._backoff_max)
+            lookupd.retry_at = now + delay
+        # else: tried early (every lookupd down-ranked, or a poll): keep the current backoff.
+        self._warn(
+            ("failed", lookupd.address),
+            "nsqlookupd %s failed (%s; %d in a row); lookups skip it for %.1f s",
             lookupd.address,
             lookupd.last_error,
-            delay,
+            lookupd.failures,
+            max(0.0, lookupd.retry_at - now),
         )
+
+    def _warn(self, kind: object, message: str, *args: object) -> None:
+        """A WARNING, once per ``log_interval`` per ``kind``, with the count held back."""
+        held = self._log_throttle.allow(kind)
+        if held is not None:
+            note = LogThrottle.note(held, self._log_throttle.interval)
+            self._logger.warning(message + "%s", *args, note)
 
     # ------------------------------------------------------------------ HTTP
 
@@ -741,18 +780,25 @@ class LookupManager:
         *,
         tolerate_404: bool = False,
     ) -> object:
-        """One request with tenacity's retry: the payload or a LookupdHTTPError; raises one of
-        ``_FAILURES`` when the lookupd is down or its answer is not nsqlookupd's."""
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self._http_attempts),
-            wait=wait_fixed(self._http_retry_wait),
-            retry=retry_if_exception(_is_retriable),
-            reraise=True,
-        )
-        async for attempt in retrying:
-            with attempt:
-                return await self._get_once(lookupd, path, params, tolerate_404)
-        raise RuntimeError("unreachable: tenacity re-raises the last error")  # pragma: no cover
+        """One request, tried again once when nothing answered, all within ``timeout``: the
+        payload or a LookupdHTTPError; raises one of ``_FAILURES`` when the lookupd is down,
+        too slow, or its answer is not nsqlookupd's."""
+        deadline = asyncio.get_running_loop().time() + self._timeout
+        attempt = 1
+        while True:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                raise NSQTimeoutError(
+                    f"{lookupd.base_url}{path}: no answer within {self._timeout:g} s"
+                )
+            try:
+                return await self._get_once(lookupd, path, params, tolerate_404, remaining)
+            except _FAILURES as exc:
+                if attempt >= self._http_attempts or not _is_retriable(exc):
+                    raise
+            attempt += 1
+            # real time, as the deadline is (the injected sleep paces polls and backoff)
+            await asyncio.sleep(min(self._http_retry_wait, max(0.0, remaining)))
 
     async def _get_once(
         self,
@@ -760,22 +806,27 @@ class LookupManager:
         path: str,
         params: dict[str, str] | None,
         tolerate_404: bool,
+        timeout: float,
     ) -> object:
-        with quiet():
-            response = await self._http().get(
-                lookupd.base_url + path,
-                params=params,
-                headers={"Accept": ACCEPT_V1},
-                timeout=self._timeout,
-            )
-        status = response.status_code
+        url = lookupd.base_url + path
+        answer = await exchange(
+            self._http(),
+            "GET",
+            url,
+            params=params,
+            headers={"Accept": ACCEPT_V1},
+            timeout=timeout,
+            max_bytes=self._max_answer_bytes,
+        )
+        status = answer.status
         try:
-            return unwrap_response(status, response.headers, response.content)
-        except ProtocolError:
+            return unwrap_response(status, answer.headers, answer.body)
+        except ProtocolError as exc:
             if status >= 500:
-                response.raise_for_status()  # not nsqlookupd talking: retried, then a failure
+                raise _ServerFault(f"HTTP {status} from {url}, not nsqlookupd's: {exc}") from None
             if status == 404 and tolerate_404:
-                return LookupdHTTPError(404, response.text[:100].strip() or "not found")
+                text = answer.body[:100].decode("utf-8", "replace").strip()
+                return LookupdHTTPError(404, text or "not found")
             raise
 
     # ------------------------------------------------------------------ polling
@@ -822,11 +873,11 @@ class LookupManager:
 
     async def _poll_key(self, key: _Key) -> None:
         try:
-            await self._refresh(key)
+            await self._refresh(key, periodic=True)
         except ClientClosedError:
             pass
         except NSQError as exc:
-            self._logger.warning("periodic lookup of %r (access=%s): %s", key[0], key[1], exc)
+            self._warn(("poll", key), "periodic lookup of %r (access=%s): %s", *key, exc)
 
     async def _notify(self, key: _Key, layout: TopicLayout) -> None:
         for watcher in list(self._watchers.get(key, ())):

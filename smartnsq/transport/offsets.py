@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import httpx
 
-from smartnsq.errors import AdminError, ConnectionClosedError, NotLeaderError, ProtocolError
+from smartnsq.errors import AdminError, NotLeaderError, ProtocolError
 from smartnsq.protocol.commands import StartPosition
 from smartnsq.protocol.lookupd import ACCEPT_V1, LookupdHTTPError, unwrap_response
 from smartnsq.protocol.offsets import (
@@ -27,7 +27,7 @@ from smartnsq.protocol.offsets import (
     stats_params,
     v1_error_message,
 )
-from smartnsq.transport.httplog import quiet
+from smartnsq.transport.httpclient import client_timeout, exchange
 
 __all__ = ["read_channel_offsets", "set_channel_offset"]
 
@@ -98,21 +98,21 @@ async def _request(
     body: bytes | None = None,
 ) -> object:
     """The answer's payload or its LookupdHTTPError (nsqd's API shares lookupd's
-    envelopes)."""
+    envelopes), within the client's timeout as a whole."""
+    answer = await exchange(
+        http,
+        method,
+        url,
+        params=params,
+        content=body,
+        headers={"Accept": ACCEPT_V1},
+        timeout=client_timeout(http),
+    )
+    status = answer.status
     try:
-        with quiet():
-            response = await http.request(
-                method, url, params=params, content=body, headers={"Accept": ACCEPT_V1}
-            )
-    except (httpx.HTTPError, OSError) as exc:
-        raise ConnectionClosedError(
-            f"{method} {url} got no answer: {type(exc).__name__}: {exc}"
-        ) from exc
-    status = response.status_code
-    try:
-        return unwrap_response(status, response.headers, response.content)
+        return unwrap_response(status, answer.headers, answer.body)
     except ProtocolError as exc:
-        message = v1_error_message(response.content)
+        message = v1_error_message(answer.body)
         if message is not None and status >= 400:
             return LookupdHTTPError(status, message)
         raise ProtocolError(f"{url} answered in a way nsqd does not ({exc})") from None

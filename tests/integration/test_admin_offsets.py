@@ -68,8 +68,8 @@ async def test_offsets_per_partition(cluster: Cluster) -> None:
         offsets = await admin.offsets(TOPIC, CHANNEL)
     leaders = [cluster.nsqd_http_addresses[cluster.leader(TOPIC, p) or 0] for p in (0, 1)]
     assert offsets == [
-        PartitionOffsets(0, leaders[0], start=0, end=320, position=128, depth=6),
-        PartitionOffsets(1, leaders[1], start=0, end=160, position=0, depth=5),
+        PartitionOffsets(0, leaders[0], start=0, end=320, position=128, depth=6, messages=10),
+        PartitionOffsets(1, leaders[1], start=0, end=160, position=0, depth=5, messages=5),
     ]
     assert [o.lag for o in offsets] == [192, 160]
 
@@ -92,9 +92,48 @@ async def test_seek_moves_the_channel_of_each_partition(
         results = await admin.seek(TOPIC, CHANNEL, position)
         offsets = await admin.offsets(TOPIC, CHANNEL)
     leaders = [cluster.nsqd_http_addresses[cluster.leader(TOPIC, p) or 0] for p in (0, 1)]
-    assert results == [SeekResult(0, leaders[0], position), SeekResult(1, leaders[1], position)]
     partition_1 = {0: 0, 320: 160, 64: 64, 96: 96}[expected]
+    assert results == [
+        SeekResult(0, leaders[0], position, offset=expected, end=320),
+        SeekResult(1, leaders[1], position, offset=partition_1, end=160),
+    ]
     assert [o.position for o in offsets] == [expected, partition_1]
+
+
+@pytest.mark.parametrize(
+    ("position", "past_end"),
+    [
+        (StartPosition.message_count(999), [True, True]),
+        (StartPosition.queue_offset(10**6), [True, True]),
+        # message 11 of 10 is the end itself, as offset 320 of 320 is: not past it
+        (StartPosition.message_count(11), [False, True]),
+        (StartPosition.queue_offset(320), [False, True]),
+    ],
+)
+async def test_a_seek_past_the_end_says_each_partition_went_to_the_end(
+    cluster: Cluster, position: StartPosition, past_end: list[bool]
+) -> None:
+    # nsqd moves a position past the queue's end to the end and answers 200 all the same.
+    async with Admin([cluster.lookupd_url]) as admin:
+        results = await admin.seek(TOPIC, CHANNEL, position)
+        offsets = await admin.offsets(TOPIC, CHANNEL)
+    assert [(r.offset, r.end) for r in results] == [(320, 320), (160, 160)]
+    assert [r.past_end for r in results] == past_end
+    assert [o.position for o in offsets] == [320, 160]
+
+
+async def test_a_seek_whose_report_cannot_be_read_still_moves(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def unreadable(*args: object) -> PartitionOffsets:
+        raise AdminError("stats unreadable", status=500)
+
+    monkeypatch.setattr("smartnsq.admin.read_channel_offsets", unreadable)
+    async with Admin([cluster.lookupd_url]) as admin:
+        [result] = await admin.seek(TOPIC, CHANNEL, StartPosition.latest(), partitions=[0])
+    assert (result.empty, result.offset, result.end, result.past_end) == (False, None, None, False)
+    assert "moved to latest, but reading where it went failed" in caplog.text
+    assert cluster.depth(TOPIC, CHANNEL, 0) == 0
 
 
 async def test_seek_by_timestamp(cluster: Cluster) -> None:

@@ -491,7 +491,7 @@ USAGE_ERRORS = [
     (["lookup", "orders", "--lookupd", "h:1", "--access", "x"], "invalid choice"),
     (["demo", "--messages", "0"], "--messages must be >= 1"),
     (["demo", "--nodes", "2", "--replicas", "3"], "--replicas 3 needs as many nodes"),
-    (["demo", "--partitions", "300"], "--partitions must be at most 255"),
+    (["demo", "--partitions", "255"], "--partitions must be at most 254"),
     ([], "the following arguments are required: COMMAND"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ]  # fmt: skip

@@ -174,7 +174,7 @@ async def test_bad_topic_spec_is_a_one_line_usage_error() -> None:
     assert out == b""
     lines = err.decode().splitlines()
     assert lines == [
-        "smartnsq cluster: error: --topic 'orders:x:2': partitions must be an integer 1..255, "
+        "smartnsq cluster: error: --topic 'orders:x:2': partitions must be an integer 1..254, "
         "got 'x'"
     ]
 
@@ -207,12 +207,15 @@ def test_topic_specs() -> None:
     assert parse_topic("t", classic=True) == TopicSpec("t")
     assert parse_topic("t:1:1", classic=True) == TopicSpec("t")
     assert parse_channel("orders:billing") == ChannelSpec("orders", "billing")
+    assert parse_topic("wide:254:1:multipart").partitions == 254
 
 
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("orders:0:1", "partitions must be an integer 1..255, got '0'"),
+        ("orders:0:1", "partitions must be an integer 1..254, got '0'"),
+        # nsqlookupd refuses 255 partitions, as topic create does
+        ("orders:255:1", "partitions must be an integer 1..254, got '255'"),
         ("orders:2:6", "replicas must be an integer 1..5, got '6'"),
         ("orders:2:-1", "replicas must be an integer 1..5, got '-1'"),
         ("orders:2:1:sorted", "unknown flag 'sorted'"),

@@ -60,23 +60,58 @@ async def test_seek_moves_every_partition_or_the_ones_named() -> None:
         assert result.rc == 0, result
         p0, p1 = cluster.nsqd_http_addresses
         assert result.out.splitlines() == [
-            f"partition 0: moved to virtual_queue:0 ({p0})",
+            f"partition 0: moved to earliest, now at offset 0 of 320 ({p0})",
             "partition 1: no messages, left as it is",
             "channel orders/billing: 1 partition moved to earliest",
         ]
         # an empty partition has an end, though
         result = await smartnsq("channel", "seek", "orders", "billing", "--to", "latest", *lookupd)
-        assert result.out.splitlines()[1] == f"partition 1: moved to special:-1 ({p1})"
+        assert (
+            result.out.splitlines()[1]
+            == f"partition 1: moved to latest, now at offset 0 of 0 ({p1})"
+        )
         result = await smartnsq(
-            "channel", "seek", "orders", "billing", "--to", "message:4", "--partition", "0",
+            "channel", "seek", "orders", "billing", "--to", "msgcount:4", "--partition", "0",
             *lookupd,
         )  # fmt: skip
         assert result.rc == 0, result
-        assert (
-            result.out.splitlines()[-1] == "channel orders/billing: 1 partition moved to message:4"
-        )
+        # the documented forms everywhere, whichever form was typed
+        assert result.out.splitlines() == [
+            f"partition 0: moved to message:4, now at offset 96 of 320 ({p0})",
+            "channel orders/billing: 1 partition moved to message:4",
+        ]
         lag = await smartnsq("channel", "lag", "orders", "billing", "--json", *lookupd)
         assert json.loads(lag.out)["partitions"][0]["position"] == 96
+
+
+@pytest.mark.parametrize("to", ["message:999", "offset:1000000"])
+async def test_a_seek_past_the_end_says_where_each_partition_went(to: str) -> None:
+    async with Cluster(nodes=2) as cluster:
+        await _cluster_with_messages(cluster)
+        result = await smartnsq(
+            "channel", "seek", "orders", "billing", "--to", to, "--partition", "0",
+            "--lookupd", cluster.lookupd_url,
+        )  # fmt: skip
+        assert result.rc == 0, result
+        p0 = cluster.nsqd_http_addresses[0]
+        assert result.out.splitlines() == [
+            f"partition 0: {to} lies past the end: moved to the end, offset 320 ({p0})",
+            f"channel orders/billing: 1 partition moved to {to} (1 of them past the end: "
+            "moved to the end)",
+        ]
+
+
+async def test_a_timestamp_with_a_fraction_of_a_second() -> None:
+    async with Cluster(nodes=2) as cluster:
+        await _cluster_with_messages(cluster)
+        result = await smartnsq(
+            "channel", "seek", "orders", "billing", "--to", "timestamp:1795765880.5",
+            "--partition", "0", "--lookupd", cluster.lookupd_url,
+        )  # fmt: skip
+        assert result.rc == 0, result
+        assert result.out.splitlines()[-1] == (
+            "channel orders/billing: 1 partition moved to timestamp:1795765880"
+        )
 
 
 @pytest.mark.parametrize(
@@ -84,6 +119,7 @@ async def test_seek_moves_every_partition_or_the_ones_named() -> None:
     [
         (("--to", "first"), 2, "invalid --to: 'first': expected earliest, latest"),
         (("--to", "offset:-1"), 2, "invalid --to: must be >= 0"),
+        (("--to", "message:0"), 2, "invalid --to: 'message:0': messages count from 1"),
         (("--to", "earliest", "--partition", "-1"), 2, "partitions: must be"),
         (("--to", "earliest", "--partition", "5"), 2, "partitions 0..1, not 5"),
         (("--to", "earliest"), 0, None),

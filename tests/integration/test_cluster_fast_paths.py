@@ -144,7 +144,7 @@ async def test_mpub_to_an_ext_topic_and_the_ext_detail_layout() -> None:
             (EXT_VERSION_NONE, 33, 32),
         ]
         consumer = await RawClient.identified(cluster.nsqd_addresses[0], extend_support=True)
-        start = c.StartPosition.message_count(0)
+        start = c.StartPosition.message_count(1)
         assert await consumer.request(c.sub_advanced("e", "ch", 0, start)) == OK_FRAME
         consumer.send(c.rdy(2))
         for record in records:

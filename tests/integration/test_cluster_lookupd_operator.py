@@ -408,7 +408,8 @@ NO_NODE_BODY = b'{"message":"ErrType:9 ErrCode:1 : No node is available for topi
         (3, 2, 2, "orderedmulti", True),  # a node may lead several of its partitions
         (4, 4, 1, None, True),
         (4, 8, 1, None, False),
-        # PROTOCOL.md 9 and nsqlookupd's CreateTopic: multi-part lifts it too, and no topic
+        # youzan nsqlookupd's CreateTopic (consistence/nsqlookup_coord_api.go): multi-part
+        # lifts it too, and no topic
         # gets more replicas than nodes
         (3, 2, 2, "multipart", True),
         (3, 1, 3, None, True),

@@ -726,7 +726,7 @@ async def test_sub_advanced_with_a_position_takes_the_default_partition() -> Non
         await producer.ok(c.pub("t", b"on partition 0", 0))
         await producer.ok(c.pub("t", b"on partition 1", 1))
         consumer = await RawClient.identified(cluster.nsqd_addresses[0])
-        start = c.StartPosition.message_count(0)
+        start = c.StartPosition.message_count(1)
         await consumer.ok(c.sub_advanced("t", "new", 1, start))
         consumer.send(c.rdy(5))
         message = await consumer.message(MessageLayout.youzan(detail=True))

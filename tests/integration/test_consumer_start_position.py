@@ -37,7 +37,7 @@ async def test_start_position_on_a_node_leading_two_partitions() -> None:
             lookupd=[cluster.lookupd_url],
             handler=seen.append,
             max_in_flight=10,
-            start=StartPosition.message_count(0),
+            start=StartPosition.message_count(1),
             reconnect_backoff=FAST,
         )
         async with consumer:

@@ -298,6 +298,41 @@ def test_the_fixed_ports_of_a_page() -> None:
     assert _fixed_ports(Block("page.md:1", "sh", "smartnsq cluster --classic\n")) == set()
 
 
+# A consuming example on its page's shared cluster reads a topic that no other example of the
+# page publishes to: it then reads what it publishes itself, whichever examples ran before it
+# (a reader may run one example alone, skip one, or run one again). A page that shares a topic
+# on purpose says why, on the page and here.
+SHARED_ON_PURPOSE = {
+    ("docs/quickstart.md", "orders"): "its consumer shows a channel handing over what waited",
+}
+_CONSUMES = re.compile(r'Consumer\(\s*"([^"]+)"')
+_PUBLISHES = re.compile(r'publish(?:_many)?\(\s*"([^"]+)"')
+_LOCAL_PORT = re.compile(r"127\.0\.0\.1:(\d+)")
+
+
+def test_examples_sharing_a_cluster_read_only_what_they_publish() -> None:
+    problems = []
+    for page in PAGES:
+        if page.setup is None:
+            continue
+        ports = _fixed_ports(page.setup)
+        on_cluster = [
+            block
+            for block in page.blocks
+            if block.kind != "sh" and {int(p) for p in _LOCAL_PORT.findall(block.code)} & ports
+        ]
+        for block in on_cluster:
+            for topic in sorted(set(_CONSUMES.findall(block.code))):
+                others = [
+                    other.where
+                    for other in on_cluster
+                    if other is not block and topic in _PUBLISHES.findall(other.code)
+                ]
+                if others and (page.name, topic) not in SHARED_ON_PURPOSE:
+                    problems.append(f"{block.where} consumes {topic!r}, published by {others}")
+    assert not problems
+
+
 def test_reference_names_every_public_name() -> None:
     reference = (ROOT / "docs" / "reference.md").read_text()
     missing = [name for name in smartnsq.__all__ if name != "__version__" and name not in reference]

@@ -22,8 +22,8 @@ RAPID = Backoff(initial=0.001, maximum=0.001)
 def test_publish_timeout_is_the_one_bound_by_default() -> None:
     producer = Producer(lookupd=["127.0.0.1:4161"])
     assert producer.max_retries is None
-    # The slowest failover measured on real youzan (2 replicas; captures/youzan/
-    # docker_real_images.txt item 4): writes came back after about 112 s.
+    # The slowest failover measured on real youzan (2 replicas; docs/protocol.md, leader
+    # change timings): writes came back after about 112 s.
     assert producer.publish_timeout == DEFAULT_PUBLISH_TIMEOUT > 112
     with pytest.raises(e.ValidationError):
         Producer(lookupd=["127.0.0.1:4161"], max_retries=-1)

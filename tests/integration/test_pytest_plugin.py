@@ -85,13 +85,6 @@ def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=50)
 
 
-def test_fixture_and_marker_in_auto_mode(pytester: pytest.Pytester) -> None:
-    pytester.makeini(AUTO)
-    pytester.makepyfile(test_uses=USES_THE_FIXTURE)
-    result = _run(pytester, "-v", "--strict-markers", "-W", "error")
-    result.assert_outcomes(passed=6)
-
-
 def test_fixture_in_strict_mode(pytester: pytest.Pytester) -> None:
     pytester.makeini(STRICT)
     pytester.makepyfile(
@@ -133,6 +126,84 @@ def test_bad_marker_arguments_fail_the_test_with_one_line(pytester: pytest.Pytes
     )
 
 
+USES_THE_PROXIES = """
+import asyncio
+
+import pytest
+
+import smartnsq
+from smartnsq.testing.faults import ClusterProxies, FaultProxy
+
+seen = []
+
+
+async def test_proxies_before_every_node(nsq_cluster, nsq_fault_proxies):
+    assert isinstance(nsq_fault_proxies, ClusterProxies)
+    assert len(nsq_fault_proxies) == 3
+    assert nsq_fault_proxies.nsqd_http == []
+    await nsq_cluster.create_topic("t", 1, 1, channels=["c"])
+    async with smartnsq.Producer(
+        lookupd=[nsq_cluster.lookupd_url], address_map=nsq_fault_proxies.address_map
+    ) as producer:
+        result = await producer.publish("t", b"x")
+    assert result.address in nsq_fault_proxies.nsqd_addresses
+    nsq_fault_proxies[0].blackhole()  # left on: the fixture closes it
+    seen.append(nsq_fault_proxies)
+
+
+async def test_the_last_ones_were_closed(nsq_fault_proxies):
+    assert seen and all(p.stats().open == 0 for p in seen[0].all)
+    with pytest.raises(OSError):
+        await asyncio.open_connection("127.0.0.1", seen[0][0].port)
+
+
+@pytest.mark.nsq_cluster(classic=True)
+@pytest.mark.nsq_fault_proxies(http=True, lookupd=True, seed=3)
+async def test_marker(nsq_cluster, nsq_fault_proxies):
+    assert len(nsq_fault_proxies.all) == 3
+    assert nsq_fault_proxies.lookupd_urls != nsq_cluster.lookupd_urls
+
+
+async def test_factory(nsq_cluster, fault_proxy):
+    proxy = await fault_proxy(nsq_cluster.nsqd_addresses[1], seed=9)
+    assert isinstance(proxy, FaultProxy)
+    assert (proxy.upstream, proxy.seed) == (nsq_cluster.nsqd_addresses[1], 9)
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+    await proxy.wait_for(lambda: proxy.stats().open == 1)
+    writer.close()
+"""
+
+
+@pytest.mark.parametrize(
+    ("module", "tests"), [(USES_THE_FIXTURE, 6), (USES_THE_PROXIES, 4)], ids=["cluster", "proxies"]
+)
+def test_fixtures_and_markers_in_auto_mode(
+    pytester: pytest.Pytester, module: str, tests: int
+) -> None:
+    pytester.makeini(AUTO)
+    pytester.makepyfile(test_uses=module)
+    result = _run(pytester, "-v", "--strict-markers", "-W", "error")
+    result.assert_outcomes(passed=tests)
+
+
+def test_bad_proxies_marker_fails_the_test_with_one_line(pytester: pytest.Pytester) -> None:
+    pytester.makeini(AUTO)
+    pytester.makepyfile(
+        test_bad="""
+        import pytest
+
+        @pytest.mark.nsq_fault_proxies(htp=True)
+        async def test_typo(nsq_fault_proxies):
+            pass
+        """
+    )
+    result = _run(pytester)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        ["*@pytest.mark.nsq_fault_proxies: got an unexpected keyword argument 'htp'*"]
+    )
+
+
 def test_runs_that_do_not_use_it_are_unaffected(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_plain="def test_plain():\n    assert True\n")
     # Strict markers and warnings as errors, without pytest-asyncio and then with it (which
@@ -147,6 +218,9 @@ def test_without_pytest_asyncio_the_fixture_explains_itself(pytester: pytest.Pyt
     result = _run(pytester, "-p", "no:asyncio")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*the nsq_cluster fixture needs pytest-asyncio*"])
+    pytester.makepyfile(test_sync="def test_wants_it(fault_proxy):\n    pass\n")
+    result = _run(pytester, "-p", "no:asyncio")
+    result.stdout.fnmatch_lines(["*the fault_proxy fixture needs pytest-asyncio*"])
 
 
 def test_the_plugin_is_cheap_to_import() -> None:

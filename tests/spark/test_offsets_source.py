@@ -16,6 +16,7 @@ from typing import Any
 
 import smartnsq.sync
 from smartnsq.admin import Admin
+from smartnsq.protocol.commands import StartPosition
 from tests.integration.threaded_cluster import ThreadedCluster
 from tests.spark.conftest import Subscription
 from tests.spark.waiting import (
@@ -57,6 +58,16 @@ def _source(spark: Any, cluster: ThreadedCluster, topic: str, **options: Any) ->
 
 def _batch(spark: Any, cluster: ThreadedCluster, topic: str, **options: Any) -> Any:
     return _load(spark.read, cluster, topic, options)
+
+
+def _read_what_is_there(
+    spark: Any, cluster: ThreadedCluster, topic: str, name: str, **options: Any
+) -> list[bytes]:
+    """The bodies a first run with ``trigger(availableNow=True)`` reads, through the memory
+    sink's table ``name``."""
+    stream = _source(spark, cluster, topic, **options).writeStream.format("memory")
+    finish(stream.queryName(name).trigger(availableNow=True).start())
+    return [row.body for row in spark.table(name).collect()]
 
 
 def _offsets(cluster: ThreadedCluster, topic: str) -> Any:
@@ -214,6 +225,28 @@ def test_batch_read_between_two_offsets(spark: Any, youzan: ThreadedCluster) -> 
     assert _batch(spark, youzan, "events").count() == 400
 
 
+def test_a_first_run_reads_the_channels_backlog_by_default(
+    spark: Any, youzan: ThreadedCluster
+) -> None:
+    # A registered channel holds a backlog: all of partition 1, partition 0 from message 40
+    # on (the first 40 were consumed before). No startingOffsets, no checkpoint.
+    youzan.run(youzan.cluster.create_topic("backlog", 2, 1, channels=["spark"]))
+    _publish(youzan, "backlog", _bodies("p0", 100), partition=0)
+    _publish(youzan, "backlog", _bodies("p1", 100), partition=1)
+    logged = youzan.call(lambda: youzan.cluster.messages("backlog", 0))
+
+    async def consume_forty() -> None:
+        async with Admin([youzan.cluster.lookupd_url]) as admin:
+            position = StartPosition.queue_offset(logged[40].offset)
+            await admin.seek("backlog", "spark", position, partitions=[0])
+
+    youzan.run(consume_forty())
+    bodies = _read_what_is_there(spark, youzan, "backlog", "channel_backlog")
+    assert sorted(bodies) == sorted(_bodies("p0", 100)[40:] + _bodies("p1", 100))
+    for partition in _offsets(youzan, "backlog"):
+        assert partition.lag == 0
+
+
 def test_starting_timestamp(spark: Any, youzan: ThreadedCluster) -> None:
     youzan.run(youzan.cluster.create_topic("events", 2, 1, channels=["spark"]))
     _publish(youzan, "events", _bodies("old", 100))
@@ -222,16 +255,10 @@ def test_starting_timestamp(spark: Any, youzan: ThreadedCluster) -> None:
     wait_until(lambda: time.time() >= second, "the next second", 2.0)
     newer = _bodies("new", 100)
     _publish(youzan, "events", newer)
-    query = (
-        _source(spark, youzan, "events", startingTimestamp=second * 1000)
-        .writeStream.format("memory")
-        .queryName("from_timestamp")
-        .trigger(availableNow=True)
-        .start()
+    bodies = _read_what_is_there(
+        spark, youzan, "events", "from_timestamp", startingTimestamp=second * 1000
     )
-    finish(query)
-    rows = spark.table("from_timestamp").collect()
-    assert sorted(r.body for r in rows) == sorted(newer)
+    assert sorted(bodies) == sorted(newer)
 
 
 def test_ordered_topic_keeps_each_partition_in_queue_order(

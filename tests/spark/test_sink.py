@@ -71,27 +71,45 @@ def test_rows_land_where_publish_puts_their_key(
         assert indexes == sorted(indexes), f"key {key!r} lost its order in task {task}"
 
 
-def test_partition_column_and_unkeyed_rows(spark: Any, youzan: ThreadedCluster) -> None:
+def test_partition_and_sharding_key_columns_one_per_row(
+    spark: Any, youzan: ThreadedCluster
+) -> None:
     youzan.run(youzan.cluster.create_topic("orders", 4, 1, channels=["billing"]))
+    youzan.run(youzan.cluster.create_topic("probe", 4, 1, channels=["billing"]))
+    # a third of the rows by partition, a third by key, a third with neither
     df = spark.range(0, 2000, 1, TASKS).selectExpr(
         "unhex(lpad(hex(id), 8, '0')) as body",
-        "if(id % 3 = 0, cast(null as int), cast(id % 4 as int)) as partition",
+        "if(id % 3 = 1, cast(id % 4 as int), cast(null as int)) as partition",
+        "if(id % 3 = 2, cast(id % 7 as string), cast(null as string)) as sharding_key",
     )
     df.write.format("nsq").mode("append").option("lookupd", youzan.lookupd_url).option(
         "topic", "orders"
     ).save()
+    picks = _publish_picks(youzan, "probe", [str(key) for key in range(7)])
     logged = _logged(youzan, "orders")
     assert sum(map(len, logged.values())) == 2000
     for partition, bodies in logged.items():
         for body in bodies:
             index = int.from_bytes(body, "big")
-            if index % 3:
+            if index % 3 == 1:
                 assert partition == index % 4
+            elif index % 3 == 2:
+                assert partition == picks[str(index % 7)], f"row {index} on {partition}"
     # unkeyed rows are spread one batch at a time: more than one partition got some
     unkeyed = {
         p for p, bodies in logged.items() for b in bodies if int.from_bytes(b, "big") % 3 == 0
     }
     assert unkeyed
+    # a row that fills both fails the write, before its batch is published
+    both = spark.range(0, 10, 1, 1).selectExpr(
+        "unhex(lpad(hex(id + 5000), 8, '0')) as body",
+        "cast(id % 4 as int) as partition",
+        "if(id = 7, 'k', cast(null as string)) as sharding_key",
+    )
+    writer = both.write.format("nsq").mode("append").option("lookupd", youzan.lookupd_url)
+    with pytest.raises(Exception, match=r"a row sets both partition \(3\) and sharding_key"):
+        writer.option("topic", "orders").save()
+    assert sum(map(len, _logged(youzan, "orders").values())) == 2000
 
 
 @pytest.mark.parametrize(
@@ -100,7 +118,6 @@ def test_partition_column_and_unkeyed_rows(spark: Any, youzan: ThreadedCluster) 
         (["cast(id as string) as payload"], "body", {}),
         (["cast(id as double) as body"], "body", {}),
         (["cast(id as string) as body", "cast(id as double) as sharding_key"], "sharding_key", {}),
-        (["cast(id as string) as body", "id as sharding_key", "1 as partition"], "partition", {}),
         (["cast(id as string) as body", "id as shardingkey"], "shardingkey", {}),
         (["cast(id as string) as body", "id as trace_id"], "trace_id", {"nsqd": "127.0.0.1:1"}),
         (["cast(id as string) as body"], "topic", {"topic": None}),
@@ -110,7 +127,6 @@ def test_partition_column_and_unkeyed_rows(spark: Any, youzan: ThreadedCluster) 
         "no-body",
         "body-type",
         "key-type",
-        "key-and-partition",
         "unknown",
         "classic-trace",
         "no-topic",

@@ -32,7 +32,8 @@ ID_EXT_TRACED = bytes.fromhex("00000000000000020000000000003039")
         ("sub_ordered_otest_chord_1", c.sub_ordered("otest", "chord", 1)),
         (
             "sub_advanced_ptest_chadv_0_msgcount_0",
-            c.sub_advanced("ptest", "chadv", 0, c.StartPosition.message_count(0)),
+            # the wire form as captured (message_count() refuses 0)
+            c.sub_advanced("ptest", "chadv", 0, c.StartPosition("msgcount", 0)),
         ),
         ("sub_etest_chext_0", c.sub("etest", "chext", 0)),
         ("rdy_1", c.rdy(1)),

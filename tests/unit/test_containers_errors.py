@@ -205,3 +205,13 @@ def test_diagnose() -> None:
         _diagnose(_ContainerState("running", None), "CAN NOT DECIDE THE BROADCAST IP: 0.0.0.0")
         or ""
     )
+
+
+def test_partition_names_a_node_of_an_open_cluster() -> None:
+    cluster = YouzanContainerCluster(2)
+    with pytest.raises(ValidationError, match="index"):
+        cluster.partition(2)
+    with pytest.raises(ContainerClusterError, match="no service 'nsqd0'"):
+        cluster.partition(0)  # not opened: no containers yet
+    with pytest.raises(ContainerClusterError, match="no service 'nsqd1'"):
+        cluster.heal(1)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
+from smartnsq.protocol.server_session import Peer
 from smartnsq.testing.offsets import (
     REREAD_WINDOW,
     ConsumeOffset,
@@ -65,11 +66,13 @@ def test_locate() -> None:
         ConsumeOffset("virtual_queue", 1): 1,  # inside the first: the next boundary
         ConsumeOffset("virtual_queue", 32): 1,
         ConsumeOffset("virtual_queue", 99): 3,
+        ConsumeOffset("virtual_queue", 10**6): 3,  # past the end: the end, without an error
         ConsumeOffset("virtual_queue", -7): 0,
         ConsumeOffset("msgcount", 1): 0,
         ConsumeOffset("msgcount", 0): 0,
         ConsumeOffset("msgcount", 3): 2,
         ConsumeOffset("msgcount", 4): 3,
+        ConsumeOffset("msgcount", 999): 3,
         ConsumeOffset("timestamp", 6): 1,
         ConsumeOffset("timestamp", 7): 3,
         ConsumeOffset("timestamp", 0): 0,
@@ -105,9 +108,7 @@ class _Client:
     def __init__(self) -> None:
         self.rdy = 100
         self.in_flight = 0
-        self.msg_timeout = 60.0
-        self.desired_tag = ""
-        self.sample_rate = 0
+        self.peer = Peer.initial(youzan=True, heartbeat_interval=30.0, msg_timeout=60.0)
         self.label = "client"
         self.got: list[Delivery] = []
 

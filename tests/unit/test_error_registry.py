@@ -1,4 +1,5 @@
-"""Every error code of PROTOCOL.md section 7 maps to a typed exception with the right flags."""
+"""Every error code nsqd sends (internal/protocol/errors.go, both servers) maps to a typed
+exception with the right flags."""
 
 from typing import Any
 

@@ -253,12 +253,10 @@ async def test_discovery_and_majority_merge_across_three_lookupds(make: Make) ->
     assert dict(lookup.url.params) == {"topic": "ptest", "access": "w", "metainfo": "true"}
     for request in cluster.requests:
         assert request.headers["accept"] == "application/vnd.nsq; version=1.0"
-        assert request.extensions["timeout"] == {
-            "connect": 2.0,
-            "read": 5.0,
-            "write": 5.0,
-            "pool": 5.0,
-        }
+        # httpx's own bounds are what remains of the request's 5 s: none outlasts it.
+        bounds = request.extensions["timeout"]
+        assert set(bounds) == {"connect", "read", "write", "pool"}
+        assert all(4.0 < value <= 5.0 for value in bounds.values())
 
 
 @pytest.mark.parametrize(("slow", "winner"), [(A, 24510), (B, 24520)])
@@ -360,7 +358,7 @@ async def test_only_foreign_5xx_are_retried_and_down_ranked(make: Make, clock: F
     assert cluster.count(A, "/lookup") == 3  # 502 from a proxy: retried
     assert cluster.count(B, "/lookup") == 1  # HTTP 500 legacy answer from nsqlookupd: not retried
     message = str(info.value)
-    assert f"{A}: HTTPStatusError" in message
+    assert f"{A}: HTTP 502 from" in message
     assert f"{B}: HTTP 500 INVALID_ACCESS_MODE" in message
 
     clock.now += 0.5

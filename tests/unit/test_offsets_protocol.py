@@ -4,6 +4,8 @@ nsqd's /stats (the recorded answer, nsqd_stats_ptest.v1.json)."""
 from __future__ import annotations
 
 import json
+import math
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,8 @@ from smartnsq.errors import ProtocolError, ValidationError
 from smartnsq.protocol.commands import StartPosition
 from smartnsq.protocol.offsets import (
     PartitionOffsets,
+    landed_offset,
+    lies_past_end,
     parse_partition_offsets,
     setoffset_body,
     setoffset_params,
@@ -33,8 +37,10 @@ RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "nsqd_http"
         ("timestamp:1795235396", "timestamp:1795235396"),
         ("timestamp:2026-11-24T10:00:00Z", "timestamp:1795514400"),
         ("timestamp:2026-11-24T11:00:00.9+01:00", "timestamp:1795514400"),
+        ("timestamp:1795765880.5", "timestamp:1795765880"),  # nsqd works in whole seconds
+        ("timestamp:1795765880.", "timestamp:1795765880"),
         ("virtual_queue:5", "virtual_queue:5"),
-        ("msgcount:0", "msgcount:0"),
+        ("msgcount:1", "msgcount:1"),
         ("special:-1", "special:-1"),
     ],
 )
@@ -59,11 +65,49 @@ def test_parse(text: str, wire: str) -> None:
         "timestamp:2026-11-24T10:00:00",  # no UTC offset
         "timestamp:yesterday",
         "offset:9223372036854775808",
+        "timestamp:-1.5",
+        "timestamp:1.2.3",
+        "timestamp:.",
     ],
 )
 def test_parse_refuses(text: str) -> None:
     with pytest.raises(ValidationError):
         StartPosition.parse(text)
+
+
+@pytest.mark.parametrize("text", ["message:0", "msgcount:0", " message:00 "])
+def test_message_counts_start_at_1(text: str) -> None:
+    with pytest.raises(ValidationError, match="count from 1"):
+        StartPosition.parse(text)
+    with pytest.raises(ValidationError, match="start at 1"):
+        StartPosition.message_count(0)
+    # The wire form as is stays possible (nsqd reads it as the first message).
+    assert str(StartPosition("msgcount", 0)) == "msgcount:0"
+
+
+def test_a_timestamp_takes_a_float_and_drops_the_fraction() -> None:
+    assert StartPosition.timestamp(1795765880.9) == StartPosition.timestamp(1795765880)
+    now = time.time()
+    assert StartPosition.timestamp(now).value == math.floor(now)
+    assert str(StartPosition.timestamp(0.5)) == "timestamp:0"
+    for bad in (float("nan"), float("inf"), -0.5, "1795765880", True, None):
+        with pytest.raises(ValidationError, match="timestamp"):
+            StartPosition.timestamp(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("position", "text"),
+    [
+        (StartPosition.earliest(), "earliest"),
+        (StartPosition.latest(), "latest"),
+        (StartPosition.queue_offset(1960), "offset:1960"),
+        (StartPosition.message_count(51), "message:51"),
+        (StartPosition.timestamp(1795235396), "timestamp:1795235396"),
+    ],
+)
+def test_text_is_the_documented_form(position: StartPosition, text: str) -> None:
+    assert position.text() == text
+    assert StartPosition.parse(text) == position
 
 
 def test_the_named_positions() -> None:
@@ -84,12 +128,35 @@ def test_offsets_from_the_recorded_stats() -> None:
     payload = json.loads((RECORDED / "nsqd_stats_ptest.v1.json").read_text())
     offsets = parse_partition_offsets(payload, "ptest", 0, "init", "nsqd2:4151")
     # ten 38-byte messages, channel "init" at the start
-    assert offsets == PartitionOffsets(0, "nsqd2:4151", 0, 380, position=0, depth=10)
+    assert offsets == PartitionOffsets(0, "nsqd2:4151", 0, 380, position=0, depth=10, messages=10)
     assert offsets.lag == 380
     missing = parse_partition_offsets(payload, "ptest", 0, "other", "nsqd2:4151")
     assert (missing.end, missing.position, missing.depth, missing.lag) == (380, None, None, None)
+    assert missing.messages == 10
     with pytest.raises(ProtocolError, match="does not list partition ptest-1"):
         parse_partition_offsets(payload, "ptest", 1, "init", "nsqd2:4151")
+
+
+@pytest.mark.parametrize(
+    ("position", "past_end", "landed"),
+    [
+        # a queue of 10 messages from 100 (older ones deleted) to 480, the channel at 300
+        (StartPosition.queue_offset(481), True, 480),
+        (StartPosition.queue_offset(480), False, 300),  # the end itself: /stats says where
+        (StartPosition.message_count(12), True, 480),
+        (StartPosition.message_count(11), False, 300),
+        (StartPosition.latest(), False, 480),
+        (StartPosition.earliest(), False, 100),
+        (StartPosition.queue_offset(50), False, 100),
+        (StartPosition.timestamp(1795765880), False, 300),
+    ],
+)
+def test_where_a_seek_landed(position: StartPosition, past_end: bool, landed: int) -> None:
+    queue = PartitionOffsets(0, "h:1", 100, 480, position=300, depth=5, messages=10)
+    assert lies_past_end(position, queue) is past_end
+    assert landed_offset(position, queue) == landed
+    unknown = PartitionOffsets(0, "h:1", 100, 480, position=300, depth=5)  # no message_count
+    assert not lies_past_end(StartPosition.message_count(999), unknown)
 
 
 @pytest.mark.parametrize(

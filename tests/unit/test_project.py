@@ -101,4 +101,5 @@ def test_package_metadata_names_its_authors_links_and_audience() -> None:
         if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
     )
     assert minors[0] == int(lowest.group(1))
-    assert minors == list(range(minors[0], minors[-1] + 1))  # no gap
+    # Only what CI runs: the machine's 3.11 (.ci/run) and Debian 13's 3.13 (.ci/python313).
+    assert minors == [11, 13]

@@ -169,7 +169,10 @@ class Replay:
         elif name in ("SUB", "SUB_ORDERED", "SUB_ADVANCED"):
             words = data.decode().split()
             kind = SubscribeKind(name)
-            start = commands.StartPosition.message_count(0) if len(words) == 5 else None
+            start = None
+            if len(words) == 5:  # the wire form as sent (msgcount:0 included)
+                position, value = words[4].split(":")
+                start = commands.StartPosition(position, int(value))
             sent, token, _ = session.subscribe(
                 SubscribeCommand(kind, words[1], words[2], int(words[3]), start),
                 on_message=self.messages.append,

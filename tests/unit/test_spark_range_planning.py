@@ -4,6 +4,7 @@ data loss, the input partitions and what they know of their starts."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,7 @@ class StubPlanner:
 
     def __init__(self, queues: Mapping[int, tuple[int, int, int]]) -> None:
         self.state = dict(queues)
+        self.missing: set[int] = set()  # partitions whose leader has no such channel
         self.seeks: list[dict[int, int]] = []
         self.located: list[tuple[int, StartPosition]] = []
         self.closed = False
@@ -30,6 +32,9 @@ class StubPlanner:
     def queues(self) -> dict[int, PartitionOffsets]:
         out = {}
         for partition, (start, end, position) in self.state.items():
+            if partition in self.missing:
+                out[partition] = PartitionOffsets(partition, "h:1", start, end, None, None)
+                continue
             depth = (end - position) // 100  # 100-byte messages
             out[partition] = PartitionOffsets(partition, "h:1", start, end, position, depth)
         return out
@@ -71,8 +76,25 @@ def test_initial_offsets_are_resolved_once_and_the_channel_moved_there() -> None
     planner.state[0] = (0, 5000, 1000)  # more published: asked again, the same answer
     assert reader.initialOffset() == _spark({0: 0, 1: 200})
     assert planner.seeks == [{0: 0, 1: 200}]
-    latest = _stream(StubPlanner({0: (0, 1000, 0)}))
-    assert latest.initialOffset() == _spark({0: 1000})  # the default: latest
+    latest = _stream(StubPlanner({0: (0, 1000, 0)}), startingOffsets="latest")
+    assert latest.initialOffset() == _spark({0: 1000})
+
+
+def test_a_first_run_starts_at_the_channel_by_default(caplog: pytest.LogCaptureFixture) -> None:
+    # The channel holds a backlog on partition 0 (consumed up to 300) and partition 1 (none
+    # of it consumed); partition 2 has no such channel: nsqd would create it at the end.
+    planner = StubPlanner({0: (0, 1000, 300), 1: (100, 800, 100), 2: (0, 500, 0)})
+    planner.missing = {2}
+    reader = _stream(planner)
+    with caplog.at_level(logging.INFO, logger="smartnsq.spark"):
+        assert reader.initialOffset() == _spark({0: 300, 1: 100, 2: 500})
+    assert planner.seeks == [{0: 300, 1: 100, 2: 500}]
+    [record] = [r for r in caplog.records if "first run" in r.getMessage()]
+    assert record.levelno == logging.INFO
+    text = record.getMessage()
+    for part in ("t/c", "channel's position", "partition 0 at 300", "partition 1 at 100"):
+        assert part in text
+    assert "partition 2 at 500 (queue 0..500, no channel yet" in text
 
 
 def test_starting_json_and_timestamp() -> None:

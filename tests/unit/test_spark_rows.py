@@ -4,6 +4,7 @@ session: pure code."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -12,9 +13,10 @@ from types import SimpleNamespace
 import pyarrow as pa
 import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import LongType, StringType, StructField, StructType
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 from smartnsq.consumer.message import Message
+from smartnsq.errors import ValidationError
 from smartnsq.producer.producer import PublishResult
 from smartnsq.protocol.message import (
     EXT_VERSION_JSON,
@@ -26,7 +28,7 @@ from smartnsq.protocol.message import (
 from smartnsq.spark.options import SinkOptions
 from smartnsq.spark.rows import Row, decode_row, encode_row, record_batches, row_of
 from smartnsq.spark.schema import SOURCE_SCHEMA, check_sink_schema
-from smartnsq.spark.sink import Published, _Rows, report_commit
+from smartnsq.spark.sink import Published, _publish_window, _Rows, report_commit
 
 ARROW = to_arrow_schema(SOURCE_SCHEMA, timezone="UTC")
 
@@ -110,6 +112,60 @@ def test_windows_respect_rows_bytes_and_kinds() -> None:
     # rows with and without a trace id are published by different commands
     traced = _rows([b"z"] * 4, 10, trace_id=[1, 2, None, 3])
     assert traced == [range(2), range(2, 3), range(3, 4)]
+
+
+class _Producer:
+    """publish_many's calls, answered as if published."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[bytes], list[object] | None, int | None]] = []
+
+    async def publish_many(
+        self,
+        topic: str,
+        bodies: list[bytes],
+        *,
+        sharding_keys: list[object] | None = None,
+        partition: int | None = None,
+    ) -> list[PublishResult]:
+        self.calls.append((list(bodies), sharding_keys, partition))
+        return [PublishResult(topic, partition, "a:1") for _ in bodies]
+
+
+def _keyed_and_partitioned(keys: list[str | None], partitions: list[int | None]) -> _Rows:
+    schema = StructType(
+        [
+            StructField("body", StringType()),
+            StructField("sharding_key", StringType()),
+            StructField("partition", IntegerType()),
+        ]
+    )
+    options = SinkOptions.parse({"lookupd": "http://h:1", "topic": "t"})
+    columns = check_sink_schema(schema, options)
+    bodies = [f"row {i}" for i in range(len(keys))]
+    data = {"body": bodies, "sharding_key": keys, "partition": partitions}
+    return _Rows(pa.RecordBatch.from_pydict(data), columns, "t")
+
+
+def test_each_row_goes_by_its_key_or_its_partition() -> None:
+    rows = _keyed_and_partitioned(["a", None, None, "b"], [None, 2, None, None])
+    producer = _Producer()
+    asyncio.run(_publish_window(producer, rows, range(4)))  # type: ignore[arg-type]
+    assert sorted(producer.calls, key=str) == sorted(
+        [
+            ([b"row 0", b"row 3"], ["a", "b"], None),
+            ([b"row 1"], None, 2),
+            ([b"row 2"], None, None),
+        ],
+        key=str,
+    )
+
+
+def test_a_row_with_both_key_and_partition_is_refused() -> None:
+    with pytest.raises(ValidationError) as raised:
+        _keyed_and_partitioned(["a", "b"], [None, 3])
+    assert raised.value.field == "partition"
+    assert "a row sets both partition (3) and sharding_key ('b')" in str(raised.value)
 
 
 def test_commit_messages_add_up() -> None:
