@@ -91,7 +91,7 @@ ResponseHook = Callable[[int, bytes], None]
 _MESSAGE_COMMAND_ERRORS = frozenset({b"E_FIN_FAILED", b"E_REQ_FAILED", b"E_TOUCH_FAILED"})
 # Commands whose sending changes the state (SENDS), or that have a method of their own.
 _STATE_COMMANDS = frozenset({"IDENTIFY", "AUTH", "CLS"}) | SUBSCRIBE_COMMANDS
-_OWN_METHOD = frozenset({"IDENTIFY", "AUTH"}) | SUBSCRIBE_COMMANDS
+_OWN_METHOD = frozenset({"IDENTIFY", "AUTH"})
 # What a subscribed connection's unsolicited errors answer: the consumer's FIN, REQ, TOUCH.
 _MESSAGE_COMMAND = "FIN"
 
@@ -253,12 +253,21 @@ class ClientSession:
         :meth:`subscribe`).
         """
         if command in _STATE_COMMANDS:
-            if command in _OWN_METHOD:
+            if command in _OWN_METHOD or (
+                command in SUBSCRIBE_COMMANDS and self.subscription is None
+            ):
                 raise ProtocolError(f"{command} is sent by the session itself (subscribe())")
             self._transition(command)
         elif not self._requests_open:
             self._refuse(command)
-        return self._queue(command, timeout)
+        token = self._next_token
+        self._next_token = token + 1
+        limit = self._request_timeout
+        if timeout is None or timeout >= limit:
+            deadline = self._clock() + limit
+            self._pending.append((token, command, deadline, limit))
+            return token, deadline
+        return token, self._cut_short_request(token, command, timeout)
 
     def subscribe(
         self, command: SubscribeCommand, *, on_message: Callable[[M], None], message_class: type[M]
@@ -272,7 +281,8 @@ class ClientSession:
         """
         data = command.encode()  # checked before anything changes
         kind = command.kind
-        self._transition(kind.value)
+        if (self._state, kind.value) not in SENDS:
+            self._refuse(kind.value)
         self.subscription = kind
         self.layout = MessageLayout(
             self.layout.binary_id, self.layout.ext, kind is not SubscribeKind.PLAIN
@@ -280,7 +290,7 @@ class ClientSession:
         self._on_message = on_message
         self._message_class = message_class
         self._unsolicited_command = _MESSAGE_COMMAND
-        token, deadline = self._queue(kind.value, None)
+        token, deadline = self.send_request(kind.value)
         self._sub_token = token
         return data, token, deadline
 
@@ -306,14 +316,8 @@ class ClientSession:
             f"cannot send {command} to {self.address}: the session is {self._state}"
         )
 
-    def _queue(self, command: str, timeout: float | None) -> tuple[int, float]:
-        token = self._next_token
-        self._next_token = token + 1
-        limit = self._request_timeout
-        if timeout is None or timeout >= limit:
-            deadline = self._clock() + limit
-            self._pending.append((token, command, deadline, limit))
-            return token, deadline
+    def _cut_short_request(self, token: int, command: str, timeout: float) -> float:
+        """Queue a request that waits less than request_timeout; its deadline."""
         deadline = self._clock() + timeout
         pending = self._pending
         pending.append((token, command, deadline, timeout))
@@ -324,7 +328,7 @@ class ClientSession:
         while cut and cut[-1][0] >= deadline:
             cut.pop()  # answered before this one, and due no earlier: never the earliest
         cut.append((deadline, token))
-        return token, deadline
+        return deadline
 
     # ------------------------------------------------------------------ receiving
 

@@ -235,8 +235,21 @@ class Connection(ReusableReadBuffer, CoalescingWriter):
         futures[token] = future
         if deadline < self._timer_at:
             self._arm(deadline)
-        if len(futures) > 1 or not self._send_alone(data):
+        transport = self._transport
+        if (
+            len(futures) > 1
+            or self._flush_handle is not None
+            or self._wbuf
+            or self._in_read
+            or transport is None
+        ):
             self.send(data)
+            return future
+        # The only request on an idle connection (a sequential publish) leaves now, with no
+        # flush scheduled behind it (a loop iteration less per round trip).
+        compress = self._session.compress
+        transport.write(data if compress is None else compress(data))
+        self._wrote_directly = True
         return future
 
     # ------------------------------------------------------------------ asyncio.Protocol

@@ -3,10 +3,10 @@
 * What is written while handling one read (FINs, RDYs, NOPs) leaves in one
   ``transport.write`` at the end of the read.
 * Otherwise the first write of a loop iteration leaves at once (on an idle connection: a
-  loop iteration less per round trip, sequential PUB p50 113 -> 106 µs), a lone request on
-  an idle connection leaves at once with no flush scheduled behind it, and the rest of the
-  iteration's writes are coalesced: they leave at its end, or as soon as :data:`FLUSH_AT`
-  bytes are queued.
+  loop iteration less per round trip, sequential PUB p50 113 -> 106 µs), and the rest of
+  the iteration's writes are coalesced: they leave at its end, or as soon as
+  :data:`FLUSH_AT` bytes are queued. (A lone request on an idle connection leaves at once
+  with no flush scheduled behind it: the Connection writes it directly.)
 * Once compression is on, everything written goes through it, in the order written.
 
 :class:`CoalescingWriter` is a base class (as ``ReusableReadBuffer`` is for the read half),
@@ -67,26 +67,14 @@ class CoalescingWriter:
             return  # leaves with the answers to this read, at its end
         if self._flush_handle is None:
             # The first write of this loop iteration leaves now; the rest of the iteration's
-            # writes are coalesced behind it. After a request that left directly
-            # (_send_alone), this write is one of the rest.
+            # writes are coalesced behind it. After a request that left directly (a lone
+            # request, see the Connection), this write is one of the rest.
             if not self._wrote_directly:
                 self._write_out()
             if self._loop is not None:
                 self._flush_handle = self._loop.call_soon(self._flush)
         elif self._wsize >= FLUSH_AT:
             self._write_out()
-
-    def _send_alone(self, data: bytes) -> bool:
-        """The only request on an idle connection (a sequential publish) leaves now, with no
-        flush scheduled behind it (a loop iteration less per round trip); False when it
-        must queue as usual."""
-        transport = self._transport
-        if self._flush_handle is not None or self._wbuf or self._in_read or transport is None:
-            return False
-        compress = self._session.compress
-        transport.write(data if compress is None else compress(data))
-        self._wrote_directly = True
-        return True
 
     def _flush(self) -> None:
         self._flush_handle = None
