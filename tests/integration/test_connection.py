@@ -261,6 +261,24 @@ async def test_request_timeout_closes_the_connection(single: Cluster) -> None:
     single.set_latency(0, 0)
 
 
+async def test_a_shorter_timeout_behind_a_longer_one_is_kept(single: Cluster) -> None:
+    """A request given less time than those before it (a publish cut at what remains of its
+    publish_timeout) fails at its own deadline, not when the oldest one's passes."""
+    conn = await _open(single.nsqd_addresses[0], request_timeout=5.0)
+    single.set_latency(0, 2.0)
+    loop = asyncio.get_running_loop()
+    first = conn.request_future(c.pub("t", b"a", 0), "PUB")
+    started = loop.time()
+    second = conn.request_future(c.pub("t", b"b", 0), "PUB", timeout=0.2)
+    with pytest.raises(e.NSQTimeoutError, match="no answer within 0.2 s"):
+        await asyncio.wait_for(second, 1.5)
+    assert loop.time() - started < 1.0
+    with pytest.raises(e.NSQTimeoutError):
+        await first  # a late answer would pair with the wrong request: all fail
+    assert conn.closed
+    single.set_latency(0, 0)
+
+
 async def test_connect_refused() -> None:
     async with Cluster(nodes=1) as cluster:
         address = cluster.nsqd_addresses[0]
