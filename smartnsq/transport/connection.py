@@ -307,31 +307,38 @@ class Connection(ReusableReadBuffer, CoalescingWriter):
             future.set_result(data)
 
     def _handle(self, events: list[Event]) -> None:
-        futures = self._futures
         for event in events:
-            if type(event) is RequestFailed:
-                future = futures.pop(event.token, None)
-                if future is not None and not future.done():
-                    future.set_exception(event.error)
-                    future.exception()  # retrieved: its caller may have gone
-            elif type(event) is UnsolicitedError:
-                if self._on_error is not None:
-                    self._on_error(event.error)
-                else:
-                    log.warning("%s: %s", self.label, event.error)
-            elif type(event) in (StartTLS, Ready):
-                if self._step is not None and not self._step.done():
-                    self._step.set_result(type(event) is StartTLS)
-                if type(event) is Ready:
+            match event:
+                case RequestFailed(token, error):
+                    future = self._futures.pop(token, None)
+                    if future is not None and not future.done():
+                        future.set_exception(error)
+                        future.exception()  # retrieved: its caller may have gone
+                case UnsolicitedError(error):
+                    if self._on_error is not None:
+                        self._on_error(error)
+                    else:
+                        log.warning("%s: %s", self.label, error)
+                case StartTLS():
+                    self._next_step(True)
+                case Ready():
+                    self._next_step(False)
                     self._arm(self._session.next_deadline())  # the link is watched from now
-            elif type(event) in (SessionFailed, Closed):
-                error = event.error  # type: ignore[union-attr]
-                step = self._step
-                if step is not None and not step.done():
-                    step.set_exception(error)
-                    step.exception()
-                if type(event) is SessionFailed:
+                case SessionFailed(error):
+                    self._fail_step(error)
                     self.abort(error)
+                case Closed(error):
+                    self._fail_step(error)
+
+    def _next_step(self, start_tls: bool) -> None:
+        if self._step is not None and not self._step.done():
+            self._step.set_result(start_tls)
+
+    def _fail_step(self, error: BaseException) -> None:
+        step = self._step
+        if step is not None and not step.done():
+            step.set_exception(error)
+            step.exception()
 
     # ------------------------------------------------------------------ time
 

@@ -270,7 +270,7 @@ async def test_a_shorter_timeout_behind_a_longer_one_is_kept(single: Cluster) ->
     first = conn.request_future(c.pub("t", b"a", 0), "PUB")
     started = loop.time()
     second = conn.request_future(c.pub("t", b"b", 0), "PUB", timeout=0.2)
-    with pytest.raises(e.NSQTimeoutError, match="no answer within 0.2 s"):
+    with pytest.raises(e.NSQTimeoutError, match=r"no answer within 0\.2 s"):
         await asyncio.wait_for(second, 1.5)
     assert loop.time() - started < 1.0
     with pytest.raises(e.NSQTimeoutError):
