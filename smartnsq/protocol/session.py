@@ -386,7 +386,10 @@ class ClientSession:
                 return events
 
     def tls_started(self) -> list[Event]:
-        """The transport's TLS is up: nsqd's ``OK`` comes over it."""
+        """The transport's TLS is up: nsqd's ``OK`` comes over it. (Nothing happens when the
+        session ended meanwhile: its deadline passed during the TLS handshake.)"""
+        if self._ended:
+            return []
         if self._state is not State.TLS or not self._hold:
             raise ProtocolError(f"TLS started with the session {self._state}")
         self._hold = False

@@ -439,6 +439,16 @@ def test_each_handshake_answer_is_bounded() -> None:
     assert session.next_deadline() is None
 
 
+def test_tls_started_after_the_session_ended_changes_nothing() -> None:
+    clock = Clock()
+    session = _session(clock, tls_v1=True)
+    session.initiate()
+    assert session.receive_data(_answer(tls_v1=True)) == [ev.START_TLS]
+    assert [type(event) for event in session.expired(clock.now + 60)] == [ev.SessionFailed]
+    assert session.tls_started() == []
+    assert session.state is State.ERROR
+
+
 def test_the_whole_handshake_is_bounded_by_the_connect_timeout() -> None:
     clock = Clock()
     session = _session(clock, tls_v1=True, request_timeout=10.0, handshake_timeout=5.0)
