@@ -1,9 +1,10 @@
 """nsqd's side of a connection's handshake, pure: the mirror of ``ClientSession``'s.
 
 What a client's IDENTIFY sets on the server, in nsqd's order and with its texts
-(``client_v2.go`` ``Identify`` and its setters), and what the server negotiates back
+(``nsqd/client_v2.go`` ``Identify`` and its setters), and what the server negotiates back
 (``protocol_v2.go`` ``IDENTIFY``: the answer, then TLS, snappy or deflate, each confirmed by
-an ``OK`` in the upgraded stream), for youzan/nsq 0.3.7-HA.1.13.0 and nsqio/nsq v1.3.0. The
+an ``OK`` in the upgraded stream; ``nsqdserver/`` in youzan/nsq 0.3.7-HA.1.13.0, ``nsqd/``
+in nsqio/nsq v1.3.0). The
 embedded nsqd carries it out (writes, ``start_tls``, codecs); what a real server answered is
 in ``tests/fixtures`` and checked byte for byte.
 """

@@ -8,8 +8,9 @@ violation; nsqd closes the connection after a fatal error).
 Two tables say what may happen in each state:
 
 * :data:`ACCEPTS`: the kinds of server frame a state takes. What real servers do decides
-  it (nsqio/nsq v1.3.0 and youzan/nsq 0.3.7-HA.1.13.0, ``protocol_v2.go``: ``IOLoop``,
-  ``messagePump``, ``IDENTIFY``, ``internalSUB``/``SUB``, ``CLS``):
+  it (nsqio/nsq v1.3.0 ``nsqd/protocol_v2.go`` and youzan/nsq 0.3.7-HA.1.13.0
+  ``nsqdserver/protocol_v2.go``: ``IOLoop``, ``messagePump``, ``IDENTIFY``, ``SUB`` and
+  youzan's ``internalSUB``, ``CLS``):
 
   - heartbeats come from the message pump, which ticks from the moment the connection is
     accepted, so any state takes them;
