@@ -32,11 +32,10 @@ from smartnsq.errors import (
     ValidationError,
 )
 from smartnsq.flow.retry import Backoff, is_retriable, needs_lookup_refresh
-from smartnsq.protocol import commands
 from smartnsq.protocol.commands import StartPosition
 from smartnsq.protocol.lookupd import Node, TopicLayout
-from smartnsq.protocol.message import MessageFrame, MessageLayout
-from smartnsq.protocol.responses import OK
+from smartnsq.protocol.message import MessageFrame
+from smartnsq.protocol.session import SubscribeCommand, SubscribeKind
 from smartnsq.transport.connection import Connection, ConnectionConfig
 from smartnsq.transport.httpclient import new_http_client
 from smartnsq.transport.lookup import LookupManager
@@ -364,18 +363,6 @@ class Subscriber:
 
     # ------------------------------------------------------------------ subscriptions
 
-    def _subscribe_command(self, partition: int | None) -> tuple[bytes, str, bool]:
-        """(command, name, whether frames carry the queue block). A youzan partition is
-        subscribed with SUB_ORDERED, or SUB_ADVANCED in its 4-word form: every message then
-        carries its queue offset and size (``Message.offset``, ``raw_size``). A start
-        position is never put on the wire (the 5-word form subscribes to the node's default
-        partition, whatever partition it names): the channel is positioned over HTTP."""
-        if partition is None:
-            return commands.sub(self.topic, self.channel), "SUB", False
-        if self.ordered:
-            return commands.sub_ordered(self.topic, self.channel, partition), "SUB_ORDERED", True
-        return commands.sub_advanced(self.topic, self.channel, partition), "SUB_ADVANCED", True
-
     async def _position(self, partition: int) -> None:
         """``start``: move the channel to the start position on the partition's leader
         (``/channel/setoffset``), once, when this consumer first subscribes to it: after its
@@ -408,24 +395,26 @@ class Subscriber:
             self.connection_config,
             extend_support=self._extend_support if partition is not None else None,
             desired_tag=self.desired_tag,
-            message_class=Message,
             label=f"{address}/{self.topic}/{partition}",
         )
         sub = Subscription(listener.answerer, self.topic, self.channel, key, conn)
-        conn.on_message = functools.partial(listener.on_message, sub)
-        conn.on_error = functools.partial(listener.on_server_error, sub)
-        conn.unsolicited_command = "FIN"
         try:
-            await conn.connect()
-            command, name, detail = self._subscribe_command(partition)
             if partition is None and self.start_position is not None:
                 raise UnsupportedFeatureError(
                     "classic nsqd has no queue offsets: a start position needs youzan nsqd"
                 )
-            conn.layout = MessageLayout(conn.layout.binary_id, conn.layout.ext, detail)
-            answer = await conn.request(command, name)
-            if answer != OK:
-                raise NSQError(f"unexpected answer to {name}: {answer[:40]!r}")
+            await conn.connect()
+            # A youzan partition: SUB_ORDERED, or SUB_ADVANCED in its 4-word form (messages
+            # carry their queue offset and size). A start position is never put on the wire
+            # (the 5-word form subscribes to the node's default partition, whatever partition
+            # it names): the channel is positioned over HTTP.
+            kind = SubscribeKind.for_partition(partition, ordered=self.ordered)
+            await conn.subscribe(
+                SubscribeCommand(kind, self.topic, self.channel, partition),
+                on_message=functools.partial(listener.on_message, sub, conn),
+                message_class=Message,
+                on_error=functools.partial(listener.on_server_error, sub, conn),
+            )
             if (
                 partition is not None
                 and self.start_position is not None
@@ -444,10 +433,10 @@ class Subscriber:
         if listener.stopping:
             await conn.close()
             return
-        conn.on_close = functools.partial(self._on_close, sub)
         if conn.closed:  # lost between SUB's answer and now
             self._connect_failed(key, NSQError("connection closed after SUB"))
             return
+        conn.set_close_callback(functools.partial(self._on_close, sub))
         self.subs[key] = sub
         # The failures in a row are forgotten only once the subscription lasts (_on_close):
         # a SUB that succeeds on a node that then drops the connection is no success.

@@ -43,6 +43,10 @@ class InputBuffer:
         if rest:
             self.feed(rest)
 
+    def peek(self, size: int) -> bytes:
+        """The first ``size`` bytes received and not yet decoded (fewer if fewer are there)."""
+        return bytes(self._buf[self._pos : self._pos + size])
+
     @property
     def buffered(self) -> int:
         """Bytes received and not yet decoded."""

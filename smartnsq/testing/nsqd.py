@@ -44,12 +44,11 @@ import ssl
 import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from smartnsq.errors import ProtocolError
 from smartnsq.protocol.compression import DeflateCodec, SnappyCodec, StreamCodec
-from smartnsq.protocol.identify import IdentifyResponse
 from smartnsq.protocol.message import encode_message_frame
 from smartnsq.protocol.responses import CLOSE_WAIT, HEARTBEAT, OK, AuthResponse, TraceReceipt
 from smartnsq.protocol.server import (
@@ -62,7 +61,14 @@ from smartnsq.protocol.server import (
     encode_response,
     split_mpub,
 )
-from smartnsq.protocol.validation import MAX_DESIRED_TAG_LENGTH, TRACE_ID_KEY
+from smartnsq.protocol.server_session import (
+    Negotiation,
+    Peer,
+    ServerFeatures,
+    UpgradeConflict,
+    negotiate,
+)
+from smartnsq.protocol.validation import TRACE_ID_KEY
 from smartnsq.testing.directory import CLASSIC_VERSION, YOUZAN_VERSION, Directory
 from smartnsq.testing.golang import (
     JsonParseError,
@@ -107,7 +113,6 @@ log = logging.getLogger("smartnsq.testing.nsqd")
 _READ_SIZE = 64 * 1024
 _OK_FRAME = encode_response(OK)  # the answer to nearly every PUB
 _BAD_PROTOCOL_FRAME = encode_error(b"E_BAD_PROTOCOL")  # a literal: no description, no space
-MAX_OUTPUT_BUFFER_SIZE = 64 * 1024
 CONSUMER_OUTPUT_BUFFER_SIZE = 4 * 1024  # youzan defaultConsumerWriteBufferSize
 ZAN_TEST_KEY = "zan_test"
 # The head of a message frame: size, frame type, timestamp, attempts.
@@ -138,6 +143,20 @@ class NodeSettings:
     @property
     def version(self) -> str:
         return YOUZAN_VERSION if self.youzan else CLASSIC_VERSION
+
+    def features(self) -> ServerFeatures:
+        """What IDENTIFY can negotiate with this node."""
+        return ServerFeatures(
+            youzan=self.youzan,
+            version=self.version,
+            max_rdy_count=self.max_rdy_count,
+            max_msg_timeout=self.max_msg_timeout,
+            max_heartbeat_interval=self.max_heartbeat_interval,
+            tls=self.tls_context is not None,
+            snappy=self.snappy,
+            deflate=self.deflate,
+            auth=bool(self.auth_secrets),
+        )
 
     @property
     def read_deadline_factor(self) -> int:
@@ -338,21 +357,14 @@ class ClientSession(asyncio.BufferedProtocol):
         # Written while the node is blackholed, sent on heal (TCP would retransmit it).
         self._held: list[bytes] = []
         self._expired = False  # nsqd's read deadline passed in a blackhole: closed on heal
-        # identity and negotiated settings
+        # identity and negotiated settings: nsqd's defaults, then what IDENTIFY set
         self.auth_identity: str | None = None
         self.tls = False
-        self.heartbeat_interval = self.settings.heartbeat_interval
-        self.msg_timeout = self.settings.msg_timeout
-        self.extend_support = False
-        self.desired_tag = ""
-        self.sample_rate = 0
-        # nsqd's defaults before IDENTIFY: youzan 100 B / 50 ms, classic 16 KiB / 250 ms
-        self.output_buffer_size = 100 if youzan else 16 * 1024
-        self.output_buffer_timeout = 50 if youzan else 250
-        self._buffer_size_chosen = False  # the client set output_buffer_size in IDENTIFY
-        self.client_id = ""
-        self.hostname = ""
-        self.user_agent = ""
+        self.peer = Peer.initial(
+            youzan=youzan,
+            heartbeat_interval=self.settings.heartbeat_interval,
+            msg_timeout=self.settings.msg_timeout,
+        )
         # subscription
         self.channel: Channel | None = None
         self.closing = False
@@ -534,14 +546,14 @@ class ClientSession(asyncio.BufferedProtocol):
         if self._hb_handle is not None:
             self._hb_handle.cancel()
             self._hb_handle = None
-        if self.heartbeat_interval > 0:
-            self._hb_handle = self._loop.call_later(self.heartbeat_interval, self._heartbeat)
+        if self.peer.heartbeat_interval > 0:
+            self._hb_handle = self._loop.call_later(self.peer.heartbeat_interval, self._heartbeat)
 
     def _heartbeat(self) -> None:
         self._hb_handle = None
         if self._closed:
             return
-        deadline = self.heartbeat_interval * self.settings.read_deadline_factor
+        deadline = self.peer.heartbeat_interval * self.settings.read_deadline_factor
         if time.monotonic() - self._last_read > deadline:
             if self.node.blackholed:
                 # nsqd closes the connection, but in a blackhole the client sees nothing:
@@ -604,134 +616,36 @@ class ClientSession(asyncio.BufferedProtocol):
         settings = self.settings
         body = self._sized_body("IDENTIFY", command)
         data = _decode_identify(body, _YOUZAN_IDENTIFY if settings.youzan else _CLASSIC_IDENTIFY)
+        features = settings.features()
         try:
-            self._apply_identify(data)
+            self.peer = self.peer.identified(data, features)
         except ValueError as exc:
             raise ClientError("E_BAD_BODY", f"IDENTIFY {exc}") from None
+        self._ticker_origin = self._loop.time()  # messagePump starts a new ticker
         self._schedule_heartbeat()
-        if not data.get("feature_negotiation"):
+        try:
+            negotiation = negotiate(data, self.peer, features)
+        except UpgradeConflict as exc:
+            raise ClientError("E_IDENTIFY_FAILED", str(exc)) from None
+        if not negotiation.negotiated:
             return OK  # no negotiation: no upgrade either
-
-        want_tls = bool(data.get("tls_v1")) and settings.tls_context is not None
-        want_snappy = bool(data.get("snappy")) and settings.snappy
-        want_deflate = bool(data.get("deflate")) and settings.deflate
-        level = int(data.get("deflate_level", 0))
-        if settings.youzan:
-            # youzan: min(requested, 6) when deflating (so a missing level is 0: its bug)
-            deflate_level = min(level, 6) if want_deflate else 0
-        else:
-            deflate_level = min(level if want_deflate and level > 0 else 6, 6)
-        if want_snappy and want_deflate:
-            raise ClientError(
-                "E_IDENTIFY_FAILED", "cannot enable both deflate and snappy compression"
-            )
-        reply = IdentifyResponse(
-            max_rdy_count=settings.max_rdy_count,
-            version=settings.version,
-            max_msg_timeout=int(settings.max_msg_timeout * 1000),
-            msg_timeout=int(self.msg_timeout * 1000),
-            tls_v1=want_tls,
-            deflate=want_deflate,
-            deflate_level=deflate_level,
-            max_deflate_level=6,
-            snappy=want_snappy,
-            sample_rate=self.sample_rate,
-            auth_required=bool(settings.auth_secrets),
-            output_buffer_size=self.output_buffer_size,
-            output_buffer_timeout=self.output_buffer_timeout,
-            desired_tag=self.desired_tag,
-        ).encode()
-        self._start_upgrades(want_tls, want_snappy, want_deflate, deflate_level, reply=reply)
+        self._start_upgrades(negotiation)
         return None
 
-    def _apply_identify(self, data: dict[str, Any]) -> None:
-        """client.Identify: each setting in nsqd's order; ValueError names the first bad one."""
-        settings = self.settings
-        youzan = settings.youzan
-        client_id = data.get("client_id", "")
-        hostname = data.get("hostname", "")
-        if youzan:  # the deprecated names still count
-            client_id = client_id or data.get("short_id", "")
-            hostname = hostname or data.get("long_id", "")
-        self.client_id, self.hostname = client_id, hostname
-        self.user_agent = data.get("user_agent", "")
-
-        hb = data.get("heartbeat_interval", 0)
-        if hb == -1:
-            self.heartbeat_interval = 0.0
-        elif 1000 <= hb <= settings.max_heartbeat_interval * 1000:
-            self.heartbeat_interval = hb / 1000
-        elif hb != 0:
-            raise ValueError(f"heartbeat interval ({hb}) is invalid")
-
-        size = data.get("output_buffer_size", 0)
-        timeout = data.get("output_buffer_timeout", 0)
-        if youzan:
-            self._set_output_buffer_size(size, clamp=True)
-            self._set_output_buffer_timeout(10 if 0 < timeout < 10 else timeout, 1000)
-        else:  # classic checks the timeout first, and -1 for the size also unbuffers
-            self._set_output_buffer_timeout(timeout, 30_000)
-            self._set_output_buffer_size(size, clamp=False)
-            if size == -1:
-                self.output_buffer_timeout = 0
-        self._ticker_origin = self._loop.time()  # messagePump starts a new ticker
-
-        rate = data.get("sample_rate", 0)
-        if not 0 <= rate <= 99:
-            raise ValueError(f"sample rate ({rate}) is invalid")
-        self.sample_rate = rate
-
-        msg_timeout = data.get("msg_timeout", 0)
-        if 1000 <= msg_timeout <= settings.max_msg_timeout * 1000:
-            self.msg_timeout = msg_timeout / 1000
-        elif msg_timeout != 0:
-            raise ValueError(f"msg timeout ({msg_timeout}) is invalid")
-
-        if youzan:
-            tag = data.get("desired_tag", "")
-            if len(tag.encode()) > MAX_DESIRED_TAG_LENGTH:
-                raise ValueError(
-                    f"invalid tag len {len(tag.encode())}, exceed limit {MAX_DESIRED_TAG_LENGTH}"
-                )
-            if tag:  # an empty tag keeps the one set before
-                self.desired_tag = tag
-            if data.get("extend_support"):
-                self.extend_support = True  # never switched off again
-
-    def _set_output_buffer_size(self, size: int, *, clamp: bool) -> None:
-        self._buffer_size_chosen = size != 0
-        if size == -1:
-            self.output_buffer_size = 1
-        elif 64 <= size <= MAX_OUTPUT_BUFFER_SIZE or (clamp and size > MAX_OUTPUT_BUFFER_SIZE):
-            self.output_buffer_size = min(size, MAX_OUTPUT_BUFFER_SIZE)
-        elif size != 0:
-            raise ValueError(f"output buffer size ({size}) is invalid")
-
-    def _set_output_buffer_timeout(self, timeout: int, maximum: int) -> None:
-        if timeout == -1:
-            self.output_buffer_timeout = 0
-        elif 1 <= timeout <= maximum:
-            self.output_buffer_timeout = timeout
-        elif timeout != 0:
-            raise ValueError(f"output buffer timeout ({timeout}) is invalid")
-
-    def _start_upgrades(
-        self, tls: bool, snappy: bool, deflate: bool, deflate_level: int, *, reply: bytes
-    ) -> None:
+    def _start_upgrades(self, negotiation: Negotiation) -> None:
         """Send the IDENTIFY answer in the clear, then TLS, snappy or deflate, each followed
         by an ``OK`` in the upgraded stream (protocolV2.IDENTIFY in protocol_v2.go, youzan/nsq
         0.3.7-HA.1.13.0 and nsqio/nsq v1.3.0)."""
-        self._write(encode_response(reply))
+        self._write(encode_response(negotiation.reply))
         self._flush()
-        if not (tls or snappy or deflate):
-            return
         codec: StreamCodec | None = None
-        if snappy:
+        if negotiation.snappy:
             codec = SnappyCodec()
-        elif deflate:
+        elif negotiation.deflate:
             # level 0 (youzan's missing-level bug) stores; Go's negative levels compress
-            codec = _StoredDeflate() if deflate_level == 0 else DeflateCodec(abs(deflate_level))
-        if tls:
+            level = negotiation.deflate_level
+            codec = _StoredDeflate() if level == 0 else DeflateCodec(abs(level))
+        if negotiation.tls:
             self._upgrading = True
             if self.transport is not None:
                 self.transport.pause_reading()
@@ -807,7 +721,7 @@ class ClientSession(asyncio.BufferedProtocol):
             start = _consume_offset(params[3])  # parsed before anything else
         if self.channel is not None:
             raise ClientError("E_INVALID", "cannot SUB in current state")
-        if self.heartbeat_interval <= 0:
+        if self.peer.heartbeat_interval <= 0:
             raise ClientError("E_INVALID", "cannot SUB with heartbeats disabled")
         if len(params) < 2:
             raise ClientError("E_INVALID", "SUB insufficient number of parameters")
@@ -833,12 +747,12 @@ class ClientSession(asyncio.BufferedProtocol):
             raise ClientError(
                 "E_SUB_ORDER_IS_MUST", "this topic is configured only allow ordered sub"
             )
-        if topic.ext and not self.extend_support:
+        if topic.ext and not self.peer.extend_support:
             raise ClientError(
                 "E_SUB_EXTEND_NEED",
                 "this topic is extended and should identify as extend support.",
             )
-        if not topic.ext and self.extend_support:
+        if not topic.ext and self.peer.extend_support:
             raise ClientError(
                 "E_SUB_EXTEND_FORBIDDON",
                 "this topic is not extended and should not identify as extend support.",
@@ -853,8 +767,8 @@ class ClientSession(asyncio.BufferedProtocol):
             )
         channel = self.topology.ensure_channel(partition.log, channel_name)
         if not topic.ext:
-            self.desired_tag = ""  # a tag means nothing on a topic without ext
-        if kind == "SUB_ORDERED" and self.sample_rate:
+            self.peer = replace(self.peer, desired_tag="")  # nothing on a topic without ext
+        if kind == "SUB_ORDERED" and self.peer.sample_rate:
             raise ClientError(
                 "E_INVALID", "order consume is not allowed while sample rate is not 0"
             )
@@ -868,11 +782,11 @@ class ClientSession(asyncio.BufferedProtocol):
         """youzan's ClientV2.SwitchToConsumer: its 100 B default suits producers; on SUB to
         a durable channel a client that chose no output_buffer_size, without TLS or
         compression, gets 4 KiB (so consumed messages wait for 4 KiB or the ticker)."""
-        if channel.name.endswith("#ephemeral") or self._buffer_size_chosen:
+        if channel.name.endswith("#ephemeral") or self.peer.buffer_size_chosen:
             return
         if self.tls or self._codec is not None:
             return
-        self.output_buffer_size = min(CONSUMER_OUTPUT_BUFFER_SIZE, MAX_OUTPUT_BUFFER_SIZE)
+        self.peer = replace(self.peer, output_buffer_size=CONSUMER_OUTPUT_BUFFER_SIZE)
 
     def _apply_start(self, channel: Channel, start: ConsumeOffset) -> None:
         """internalSUB's SetChannelOffset (the same search as ``/channel/setoffset``), for
@@ -891,7 +805,7 @@ class ClientSession(asyncio.BufferedProtocol):
             self._switch_to_consumer(channel)
         self.channel = channel
         self.detail = detail
-        self.ext_block = ext and self.extend_support
+        self.ext_block = ext and self.peer.extend_support
         self._plain_frames = not (self.detail or self.ext_block)
         channel.add_client(self)
         self.changes.changed()
@@ -1355,13 +1269,13 @@ class ClientSession(asyncio.BufferedProtocol):
         self._out_size += size
         channel = self.channel
         if (
-            self._out_size >= self.output_buffer_size
+            self._out_size >= self.peer.output_buffer_size
             or self.in_flight >= self.rdy
             or (channel is not None and channel.ordered)
         ):
             self._flush()  # the buffer is full, the client is not ready, or ordered delivery
-        elif self._ticker is None and self.output_buffer_timeout > 0:
-            period = self.output_buffer_timeout / 1000
+        elif self._ticker is None and self.peer.output_buffer_timeout > 0:
+            period = self.peer.output_buffer_timeout / 1000
             phase = (self._loop.time() - self._ticker_origin) % period
             self._ticker = self._loop.call_later(period - phase, self._tick)
 

@@ -271,8 +271,8 @@ def _client_common(client: Subscriber, channel: Channel) -> dict[str, Any]:
         delivered = sum(1 for d in channel.record.deliveries if d[3] == client.label)
     codec = getattr(session, "_codec", None)
     return {
-        "client_id": session.client_id if session else client.label,
-        "hostname": session.hostname if session else "",
+        "client_id": session.peer.client_id if session else client.label,
+        "hostname": session.peer.hostname if session else "",
         "version": "V2",
         "remote_address": _remote(session) if session is not None else "",
         "state": _STATE_CLOSING if session is not None and session.closing else _STATE_SUBSCRIBED,
@@ -285,10 +285,10 @@ def _client_common(client: Subscriber, channel: Channel) -> dict[str, Any]:
         "timeout_count": 0,
         "deferred_count": 0,
         "connect_ts": 0,
-        "sample_rate": client.sample_rate,
+        "sample_rate": client.peer.sample_rate,
         "deflate": isinstance(codec, DeflateCodec),
         "snappy": isinstance(codec, SnappyCodec),
-        "user_agent": session.user_agent if session else "",
+        "user_agent": session.peer.user_agent if session else "",
         "tls": bool(session and session.tls),
     }
 
@@ -307,7 +307,7 @@ def _youzan_client(client: Subscriber, channel: Channel) -> dict[str, Any]:
     common = _client_common(client, channel)
     answer: dict[str, Any] = {"name": common["client_id"]}
     answer.update({k: v for k, v in common.items() if k != "tls"})
-    answer["desired_tag"] = client.desired_tag
+    answer["desired_tag"] = client.peer.desired_tag
     answer.update(_tls_fields(common))
     return answer
 
@@ -394,8 +394,8 @@ def _classic_producers(node: NsqdNode) -> list[dict[str, Any]]:
             continue
         producers.append(
             {
-                "client_id": session.client_id,
-                "hostname": session.hostname,
+                "client_id": session.peer.client_id,
+                "hostname": session.peer.hostname,
                 "version": "V2",
                 "remote_address": _remote(session),
                 "state": 2,  # connected
@@ -408,7 +408,7 @@ def _classic_producers(node: NsqdNode) -> list[dict[str, Any]]:
                 "sample_rate": 0,
                 "deflate": False,
                 "snappy": False,
-                "user_agent": session.user_agent,
+                "user_agent": session.peer.user_agent,
                 **_tls_fields({"tls": session.tls}),
             }
         )

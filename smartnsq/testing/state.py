@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from smartnsq.protocol.message import EXT_VERSION_NONE, PARTITION_ID_SHIFT, youzan_message_id
+from smartnsq.protocol.server_session import Peer
 
 __all__ = [
     "Channel",
@@ -93,9 +94,7 @@ class Subscriber(Protocol):
 
     rdy: int
     in_flight: int
-    msg_timeout: float
-    desired_tag: str
-    sample_rate: int
+    peer: Peer  # what its IDENTIFY set: msg_timeout, desired_tag, sample_rate
     label: str
 
     def deliver_many(self, deliveries: list[Delivery]) -> None: ...
@@ -344,7 +343,7 @@ class Channel:
         return len(self.log.records) - self.next_index + len(self.requeue) + len(self.deferred)
 
     def has_client_tags(self) -> bool:
-        return any(c.desired_tag for c in self.clients)
+        return any(c.peer.desired_tag for c in self.clients)
 
     def confirmed_index(self) -> int:
         """The log index below which every message is finished: where the channel resumes
@@ -440,8 +439,8 @@ class Channel:
                 if room <= 0:
                     continue
                 # Same deadline for the batch: they leave in the same write.
-                deadline = now + client.msg_timeout
-                rate = client.sample_rate
+                deadline = now + client.peer.msg_timeout
+                rate = client.peer.sample_rate
                 batch: list[Delivery] = []
                 exhausted = False
                 while room > 0:
@@ -505,9 +504,9 @@ class Channel:
             if delivery is None:
                 break
             tag = delivery.record.tag or ""
-            wanting = [c for c in self.clients if c.desired_tag == tag]
+            wanting = [c for c in self.clients if c.peer.desired_tag == tag]
             if not wanting and tag:
-                wanting = [c for c in self.clients if not c.desired_tag]
+                wanting = [c for c in self.clients if not c.peer.desired_tag]
             target = next((c for c in wanting if c.in_flight < c.rdy), None)
             if target is None:
                 parked.append(delivery)
@@ -530,7 +529,7 @@ class Channel:
     def _send(self, delivery: Delivery, client: Subscriber) -> None:
         delivery.attempts += 1
         delivery.client = client
-        deadline = self._clock() + client.msg_timeout
+        deadline = self._clock() + client.peer.msg_timeout
         delivery.deadline = deadline
         self.in_flight[delivery.record.id] = delivery
         self._sent([delivery], client, deadline)
@@ -553,7 +552,7 @@ class Channel:
         if not delivery.echo_pending:
             return False
         delivery.echo_pending = False
-        delivery.deadline = self._clock() + client.msg_timeout
+        delivery.deadline = self._clock() + client.peer.msg_timeout
         return True
 
     def take(self, message_id: bytes, client: Subscriber) -> Delivery | None:
@@ -633,7 +632,7 @@ class Channel:
             return False
         if self._echo_lands(delivery, client):
             return False
-        delivery.deadline = self._clock() + client.msg_timeout
+        delivery.deadline = self._clock() + client.peer.msg_timeout
         return True
 
     # ------------------------------------------------------------------ timers

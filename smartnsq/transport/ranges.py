@@ -34,6 +34,7 @@ the frontier (wider look-behind). No progress at all for ``read_timeout``:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -58,8 +59,8 @@ from smartnsq.flow.ranges import (
 from smartnsq.flow.retry import Backoff
 from smartnsq.protocol import commands
 from smartnsq.protocol.lookupd import Node, TopicLayout
-from smartnsq.protocol.message import MessageFrame, MessageLayout
-from smartnsq.protocol.responses import OK
+from smartnsq.protocol.message import MessageFrame
+from smartnsq.protocol.session import SubscribeCommand, SubscribeKind
 from smartnsq.protocol.validation import check_channel, check_topic
 from smartnsq.transport.connection import Connection, ConnectionConfig
 from smartnsq.transport.lookup import LookupManager
@@ -249,25 +250,18 @@ class RangeReader:
             leader.tcp_address,
             self.config,
             extend_support=layout.extend_support,
-            message_class=MessageFrame,
-            on_message=self._on_message,
-            on_error=self._on_error,
             on_close=self._on_close,
             label=f"{leader.tcp_address}/{self.topic}/{self.partition}/range",
         )
-        conn.unsolicited_command = "FIN"
         self._conn = conn
         await conn.connect()
-        if layout.ordered:
-            command = commands.sub_ordered(self.topic, self.channel, self.partition)
-            name = "SUB_ORDERED"
-        else:
-            command = commands.sub_advanced(self.topic, self.channel, self.partition)
-            name = "SUB_ADVANCED"
-        conn.layout = MessageLayout(conn.layout.binary_id, conn.layout.ext, detail=True)
-        answer = await conn.request(command, name)
-        if answer != OK:
-            raise ProtocolError(f"unexpected answer to {name}: {answer[:40]!r}")
+        kind = SubscribeKind.for_partition(self.partition, ordered=layout.ordered)
+        await conn.subscribe(
+            SubscribeCommand(kind, self.topic, self.channel, self.partition),
+            on_message=functools.partial(self._on_message, conn),
+            message_class=MessageFrame,
+            on_error=functools.partial(self._on_error, conn),
+        )
         position = chain.seek_position(offsets.start)
         await set_channel_offset(
             self.http,
@@ -341,8 +335,7 @@ class RangeReader:
     async def _close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            conn.on_close = None
-            await conn.close(timeout=2.0)
+            await conn.close(timeout=2.0)  # _on_close: no longer this reader's connection
 
     # ------------------------------------------------------------------ callbacks
 

@@ -158,7 +158,7 @@ async def test_youzan_gives_a_consumer_a_larger_buffer_on_sub(
         )
         await consumer.ok(commands.sub("y", channel, 0))
         session = _session(cluster, subscribed=True)
-        assert session.output_buffer_size == (
+        assert session.peer.output_buffer_size == (
             4096 if buffered else identify.get("output_buffer_size", 100)
         )
         consumer.send(commands.rdy(10))

@@ -14,6 +14,7 @@ from smartnsq import errors as e
 from smartnsq.protocol import commands as c
 from smartnsq.protocol.message import MessageFrame
 from smartnsq.protocol.responses import CLOSE_WAIT, OK
+from smartnsq.protocol.session import SubscribeCommand, SubscribeKind
 from smartnsq.testing import Cluster
 from smartnsq.testing.tls import self_signed_contexts
 from smartnsq.transport.connection import FLUSH_AT, Connection, ConnectionConfig
@@ -37,14 +38,17 @@ async def _consume(conn: Connection, count: int) -> list[MessageFrame]:
     got: list[MessageFrame] = []
     done = asyncio.get_running_loop().create_future()
 
-    def on_message(connection: Connection, message: MessageFrame) -> None:
+    def on_message(message: MessageFrame) -> None:
         got.append(message)
-        connection.send(c.fin(message.id))
+        conn.send(c.fin(message.id))
         if len(got) == count and not done.done():
             done.set_result(None)
 
-    conn.on_message = on_message
-    assert await conn.request(c.sub("t", "c", 0), "SUB") == OK
+    await conn.subscribe(
+        SubscribeCommand(SubscribeKind.PLAIN, "t", "c", 0),
+        on_message=on_message,
+        message_class=MessageFrame,
+    )
     conn.send(c.rdy(100))
     await asyncio.wait_for(done, 5)
     return got
@@ -242,7 +246,7 @@ async def test_dead_server_is_detected(single: Cluster) -> None:
     conn = await _open(single.nsqd_addresses[0], heartbeat_interval=1.0)
     single.suspend_heartbeats(0)
     closed = asyncio.get_running_loop().create_future()
-    conn.on_close = lambda _conn, exc: closed.set_result(exc)
+    conn.set_close_callback(lambda _conn, exc: closed.set_result(exc))
     error = await asyncio.wait_for(closed, 6)
     assert isinstance(error, e.NSQTimeoutError)
     assert "no heartbeat" in str(error)
@@ -253,6 +257,24 @@ async def test_request_timeout_closes_the_connection(single: Cluster) -> None:
     single.set_latency(0, 1.0)
     with pytest.raises(e.NSQTimeoutError):
         await conn.request(c.pub("t", b"slow", 0), "PUB")
+    assert conn.closed
+    single.set_latency(0, 0)
+
+
+async def test_a_shorter_timeout_behind_a_longer_one_is_kept(single: Cluster) -> None:
+    """A request given less time than those before it (a publish cut at what remains of its
+    publish_timeout) fails at its own deadline, not when the oldest one's passes."""
+    conn = await _open(single.nsqd_addresses[0], request_timeout=5.0)
+    single.set_latency(0, 2.0)
+    loop = asyncio.get_running_loop()
+    first = conn.request_future(c.pub("t", b"a", 0), "PUB")
+    started = loop.time()
+    second = conn.request_future(c.pub("t", b"b", 0), "PUB", timeout=0.2)
+    with pytest.raises(e.NSQTimeoutError, match=r"no answer within 0\.2 s"):
+        await asyncio.wait_for(second, 1.5)
+    assert loop.time() - started < 1.0
+    with pytest.raises(e.NSQTimeoutError):
+        await first  # a late answer would pair with the wrong request: all fail
     assert conn.closed
     single.set_latency(0, 0)
 
@@ -279,11 +301,13 @@ async def test_close_fails_pending_and_leaks_nothing(single: Cluster) -> None:
 
 async def test_cls_and_unsolicited_errors(single: Cluster) -> None:
     errors: list[e.ServerError] = []
-    conn = Connection(single.nsqd_addresses[0], on_error=lambda _c, err: errors.append(err))
-    await conn.connect()
-    conn.unsolicited_command = "FIN"
-    conn.on_message = lambda connection, message: None
-    assert await conn.request(c.sub("t", "c", 0), "SUB") == OK
+    conn = await _open(single.nsqd_addresses[0])
+    await conn.subscribe(
+        SubscribeCommand(SubscribeKind.PLAIN, "t", "c", 0),
+        on_message=lambda message: None,
+        message_class=MessageFrame,
+        on_error=errors.append,
+    )
     # not in flight: E_FIN_FAILED, non-fatal (an internal id of 0 would be a fatal E_INVALID)
     conn.send(c.fin(bytes(7) + b"\x01" + bytes(8)))
     assert await conn.request(c.cls(), "CLS") == CLOSE_WAIT

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
+from smartnsq.protocol.server_session import Peer
 from smartnsq.testing.offsets import (
     REREAD_WINDOW,
     ConsumeOffset,
@@ -107,9 +108,7 @@ class _Client:
     def __init__(self) -> None:
         self.rdy = 100
         self.in_flight = 0
-        self.msg_timeout = 60.0
-        self.desired_tag = ""
-        self.sample_rate = 0
+        self.peer = Peer.initial(youzan=True, heartbeat_interval=30.0, msg_timeout=60.0)
         self.label = "client"
         self.got: list[Delivery] = []
 
