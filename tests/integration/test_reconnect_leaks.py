@@ -98,6 +98,9 @@ async def test_reconnects_leave_no_fds_tasks_or_timers_behind(classic: bool) -> 
             "leaks",
             "c",
             handler=lambda message: handled.add(message.body),
+            # RDY for every connection at once: with max_in_flight below the connections,
+            # RDY rotates among them (every few seconds), which this test is not about.
+            max_in_flight=4 * NODES,
             reconnect_backoff=QUICK,
             **where,
         )
