@@ -2,29 +2,39 @@
 lookup's poll interval and address map), how a connection is made (timeouts, heartbeats,
 TLS, compression, AUTH, the IDENTIFY names) and the OpenTelemetry providers.
 
-The Producer and the Consumer take these as keyword arguments and build one
-:class:`ClientOptions`, whose checks run here, once, before anything is sent.
+Each client's options are one frozen value, checked once when it is made and passed down
+whole: :class:`ClientOptions` here, extended by
+:class:`~smartnsq.producer.options.ProducerOptions` and
+:class:`~smartnsq.consumer.options.ConsumerOptions`. The clients keep their keyword
+arguments: a client's constructor hands them over with :func:`keyword_arguments`, and
+:func:`expose_options` gives the client a read-only attribute per option. A unit test holds
+each constructor's parameters to its options' fields (names, defaults and annotations), so
+an option is written out once beside the public constructors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from smartnsq.routing.addresses import AddressMapping
 from smartnsq.transport.connection import Compression, ConnectionConfig
 from smartnsq.transport.lookup import LookupManager
 from smartnsq.transport.targets import Targets, resolve_targets
 
-__all__ = ["ClientOptions"]
+__all__ = ["ClientOptions", "expose_options", "keyword_arguments", "set_derived"]
+
+C = TypeVar("C", bound=type)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ClientOptions:
-    """What a Producer and a Consumer are both given (durations in seconds). The connection
-    settings are checked when it is built, the targets by :meth:`targets` (which a client
-    calls in its constructor); both raise ValidationError naming the argument."""
+    """What a Producer and a Consumer are both given (durations in seconds). Checked when
+    made: the connection settings become :attr:`connection_config` (with the client's own,
+    from :meth:`_connection_specific`); the targets are checked by :meth:`targets` (which a
+    client calls in its constructor). Both raise ValidationError naming the argument."""
 
     lookupd: Sequence[str] | None = None
     nsqd: Sequence[str] | None = None
@@ -41,14 +51,11 @@ class ClientOptions:
     address_map: AddressMapping | None = None
     tracer_provider: Any = None
     meter_provider: Any = None
+    # derived: the per-connection settings
+    connection_config: ConnectionConfig = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.connection_config()  # ValidationError naming the argument, before any use
-
-    def connection_config(self, **specific: Any) -> ConnectionConfig:
-        """The per-connection settings, with a client's own (``request_timeout``,
-        ``msg_timeout``, ``sample_rate``...) in ``specific``."""
-        return ConnectionConfig.build(
+        config = ConnectionConfig.build(
             client_id=self.client_id,
             user_agent=self.user_agent,
             heartbeat_interval=self.heartbeat_interval,
@@ -57,8 +64,13 @@ class ClientOptions:
             deflate_level=self.deflate_level,
             auth_secret=self.auth_secret,
             connect_timeout=self.connect_timeout,
-            **specific,
+            **self._connection_specific(),
         )
+        set_derived(self, "connection_config", config)
+
+    def _connection_specific(self) -> dict[str, Any]:
+        """A client's own connection settings (``request_timeout``, ``msg_timeout``...)."""
+        return {}
 
     def targets(self) -> Targets:
         """Where the client finds nsqd: the nsqd addresses (direct mode), or the lookup
@@ -70,3 +82,39 @@ class ClientOptions:
             poll_interval=self.lookupd_poll_interval,
             address_map=self.address_map,
         )
+
+
+def set_derived(options: object, name: str, value: Any) -> None:
+    """Set a field of a frozen options value while it is made (in ``__post_init__``): a
+    value derived from the others, or an argument resolved (a default that follows the
+    mode)."""
+    object.__setattr__(options, name, value)
+
+
+def keyword_arguments(arguments: Mapping[str, Any], *positional: str) -> dict[str, Any]:
+    """A client constructor's keyword arguments, from its ``locals()`` taken first thing:
+    all but ``self`` and the ``positional`` ones."""
+    leave = {"self", *positional}
+    return {name: value for name, value in arguments.items() if name not in leave}
+
+
+def expose_options(options_type: type) -> Callable[[C], C]:
+    """A class decorator: each field of ``options_type`` becomes a read-only attribute of
+    the client that reads its ``options`` (``producer.publish_timeout`` is
+    ``producer.options.publish_timeout``), unless the client has one of that name already
+    (``Consumer.start`` is the method). Generated, so they cannot drift from the options."""
+
+    def decorate(client: C) -> C:
+        for option in dataclasses.fields(options_type):
+            if not hasattr(client, option.name):
+                setattr(client, option.name, _option_property(option.name))
+        return client
+
+    return decorate
+
+
+def _option_property(name: str) -> property:
+    def read(client: Any) -> Any:
+        return getattr(client.options, name)
+
+    return property(read, doc=f"``options.{name}`` (read-only)")

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
-from smartnsq.client.options import ClientOptions
+from smartnsq.client.options import expose_options, keyword_arguments
 from smartnsq.client.telemetry import Telemetry, end_send_span, error_type
 from smartnsq.client.tracelog import log_publish
 from smartnsq.errors import (
@@ -36,6 +36,7 @@ from smartnsq.errors import (
 from smartnsq.flow.logthrottle import LogThrottle
 from smartnsq.flow.retry import Backoff, is_retriable, needs_lookup_refresh
 from smartnsq.producer.batching import Batcher
+from smartnsq.producer.options import DEFAULT_PUBLISH_TIMEOUT, ProducerOptions
 from smartnsq.protocol.lookupd import TopicLayout
 from smartnsq.protocol.validation import (
     MAX_BODY_SIZE,
@@ -58,7 +59,7 @@ from smartnsq.publishing.stats import ProducerStats
 from smartnsq.publishing.tries import PublishTries
 from smartnsq.publishing.wire import PublishCodec
 from smartnsq.routing.addresses import AddressMapping
-from smartnsq.routing.sharding import Sharder, ShardingStrategy
+from smartnsq.routing.sharding import ShardingStrategy
 from smartnsq.transport.connection import Compression, Connection
 from smartnsq.transport.lookup import LookupManager
 from smartnsq.transport.pool import ConnectionPool
@@ -69,10 +70,6 @@ log = logging.getLogger("smartnsq.producer")
 
 T = TypeVar("T")
 
-#: The default ``publish_timeout``: longer than every failover measured on real youzan nsq
-#: (docs/guides/durable-channels.md), the slowest being about 112 s, as Kafka's producer
-#: waits up to 120 s (delivery.timeout.ms) by default.
-DEFAULT_PUBLISH_TIMEOUT = 120.0
 # A publish still failing after this long is worth a warning (a leader move takes less).
 _WARN_AFTER = 5.0
 
@@ -80,6 +77,7 @@ _WARN_AFTER = 5.0
 _UNBOUNDED = 1 << 62
 
 
+@expose_options(ProducerOptions)
 class Producer:
     """Publishes to NSQ. Give exactly one of ``lookupd`` (nsqlookupd HTTP addresses; youzan
     or classic) or ``nsqd`` (classic nsqd TCP addresses). Durations are in seconds.
@@ -123,47 +121,17 @@ class Producer:
         lookup_manager: LookupManager | None = None,
         address_map: AddressMapping | None = None,
     ) -> None:
-        if (
-            isinstance(publish_timeout, bool)
-            or not isinstance(publish_timeout, (int, float))
-            or not publish_timeout > 0
-        ):
-            raise ValidationError("publish_timeout", "must be > 0 seconds")
-        if max_retries is not None and (type(max_retries) is not int or max_retries < 0):
-            raise ValidationError(
-                "max_retries", "must be an int >= 0, or None (bounded by publish_timeout only)"
-            )
-        self.publish_timeout = float(publish_timeout)
-        self.max_retries = max_retries
-        self.retry_backoff = retry_backoff or Backoff()
-        self.max_msg_size = max_msg_size
-        self.max_body_size = max_body_size
-        self.sharder = Sharder(sharding)
-        self.options = ClientOptions(
-            lookupd=lookupd,
-            nsqd=nsqd,
-            connect_timeout=connect_timeout,
-            heartbeat_interval=heartbeat_interval,
-            tls=tls,
-            compression=compression,
-            deflate_level=deflate_level,
-            auth_secret=auth_secret,
-            client_id=client_id,
-            user_agent=user_agent,
-            lookupd_poll_interval=lookupd_poll_interval,
-            lookup_manager=lookup_manager,
-            address_map=address_map,
-            tracer_provider=tracer_provider,
-            meter_provider=meter_provider,
-        )
-        self.connection_config = self.options.connection_config(request_timeout=request_timeout)
-        self._nsqd, self._lookup, self._owns_lookup = self.options.targets()
+        # Checked here, once, before anything is sent; read from here by every part.
+        self.options = options = ProducerOptions(**keyword_arguments(locals()))
+        self._nsqd, self._lookup, self._owns_lookup = options.targets()
         self._pool = ConnectionPool(
-            self.connection_config, connections_per_key=connections_per_partition
+            options.connection_config, connections_per_key=options.connections_per_partition
         )
-        self._router = Router(self.sharder, self._nsqd)
+        self._router = Router(options.sharder, self._nsqd)
         self._codec = PublishCodec(
-            max_msg_size=max_msg_size, max_body_size=max_body_size, inject=Telemetry.inject
+            max_msg_size=options.max_msg_size,
+            max_body_size=options.max_body_size,
+            inject=Telemetry.inject,
         )
         # Bound once: the hot path calls these per publish, with no lookup through the parts.
         self._direct_routes = self._router.direct_routes
@@ -172,24 +140,25 @@ class Producer:
         self._pin = self._router.pin
         self._prepare = self._codec.prepare
         self._results = self._codec.results
-        self._request_timeout = self.connection_config.request_timeout
+        self._max_msg_size = options.max_msg_size
+        self._request_timeout = options.connection_config.request_timeout
         # The event loop's clock (deadlines are in its time), bound when the producer starts.
         self._clock: Callable[[], float] = time.monotonic
-        self._trace_default = bool(trace)
+        self._trace_default = bool(options.trace)
         self._trace_topics: dict[str, bool] = {}
-        self.trace_key_hash = trace_key_hash
         self._telemetry = Telemetry(
             "producer",
-            tracer_provider=self.options.tracer_provider,
-            meter_provider=self.options.meter_provider,
+            tracer_provider=options.tracer_provider,
+            meter_provider=options.meter_provider,
         )
-        if linger is not None and (not isinstance(linger, (int, float)) or linger < 0):
-            raise ValidationError("linger", "must be >= 0 seconds, or None (no batching)")
-        if type(max_batch) is not int or max_batch < 1:
-            raise ValidationError("max_batch", "must be an int >= 1")
         self._batcher = (
-            Batcher(self._flush_batch, linger=linger, max_batch=max_batch, max_bytes=max_body_size)
-            if linger is not None
+            Batcher(
+                self._flush_batch,
+                linger=options.linger,
+                max_batch=options.max_batch,
+                max_bytes=options.max_body_size,
+            )
+            if options.linger is not None
             else None
         )
         self._stats = ProducerStats()
@@ -215,7 +184,7 @@ class Producer:
             if self._state == "started":
                 return self
             self._state = "starting"
-            timeout = self.connection_config.connect_timeout
+            timeout = self.options.connect_timeout
             try:
                 await asyncio.wait_for(self._warm_up(), timeout)
             except TimeoutError:
@@ -263,7 +232,7 @@ class Producer:
             return
         self._closing = True
         if self._batcher is not None:
-            await self._batcher.flush(self.publish_timeout)
+            await self._batcher.flush(self.options.publish_timeout)
             self._batcher.close(
                 ClientClosedError(
                     "the Producer was closed before this publish was answered "
@@ -339,7 +308,7 @@ class Producer:
         typed error (not retriable).
         """
         check_topic(topic)
-        data = check_body(body, self.max_msg_size)
+        data = check_body(body, self._max_msg_size)
         if self._closing:
             raise _closing_error()
         batcher = self._batcher
@@ -421,7 +390,7 @@ class Producer:
             return await self._publish_keyed(
                 topic, bodies, sharding_keys, trace, trace_ids, exts, timeout
             )
-        data = check_bodies(list(bodies), self.max_msg_size, self.max_body_size)
+        data = check_bodies(list(bodies), self._max_msg_size, self.options.max_body_size)
         if self._closing:
             raise _closing_error()
         partition, key = self._binding(partition, sharding_key)
@@ -445,7 +414,7 @@ class Producer:
     ) -> list[PublishResult]:
         """publish_many with a sharding key per message: one MPUB per target, in parallel."""
         # Each batch is checked against max_body_size below, once grouped: not the total.
-        data = check_bodies(list(bodies), self.max_msg_size, _UNBOUNDED)
+        data = check_bodies(list(bodies), self._max_msg_size, _UNBOUNDED)
         count = len(data)
         if isinstance(keys, (str, bytes)) or len(keys) != count:
             raise ValidationError("sharding_keys", f"give one key per body ({count} bodies)")
@@ -470,11 +439,11 @@ class Producer:
         for target, indexes in groups.items():
             batch = [data[i] for i in indexes] if len(groups) > 1 else data
             size = 4 + 4 * len(batch) + sum(map(len, batch))
-            if size > self.max_body_size:
+            if size > self.options.max_body_size:
                 raise ValidationError(
                     "bodies",
                     f"the batch for {_describe_target(target)} is {size} bytes on the wire, "
-                    f"over the maximum of {self.max_body_size}",
+                    f"over the maximum of {self.options.max_body_size}",
                 )
             # Keyed: each batch goes to its key's target for all its tries.
             request = batch_request(
@@ -510,7 +479,7 @@ class Producer:
         if partition is not None:
             return check_partition(partition), NO_KEY
         if key is not None:
-            self.sharder.partition_for(key, 1)  # validates the key type now, before routing
+            self.options.sharder.partition_for(key, 1)  # the key's type is checked now
             return None, key
         return None, NO_KEY
 
@@ -519,9 +488,9 @@ class Producer:
         return functools.partial(self._new_trace_id, key) if self.tracing(topic) else None
 
     def _new_trace_id(self, key: Any) -> int:
-        if key is not NO_KEY and self.trace_key_hash:
+        if key is not NO_KEY and self.options.trace_key_hash:
             # youzan go-nsq traces a keyed publish with the key's hash
-            hashed = self.sharder.hash32(key)
+            hashed = self.options.sharder.hash32(key)
             if hashed is not None:
                 return hashed & 0xFFFFFFFF
         return random.getrandbits(64)
@@ -582,7 +551,7 @@ class Producer:
     async def _target_retrying(self, request: PublishRequest) -> int | str:
         """The batch lane's target, looked up within the retry loop (``publish_timeout``)."""
         tries = PublishTries()
-        deadline = self._clock() + self.publish_timeout
+        deadline = self._clock() + self.options.publish_timeout
         lookup = self._lookup
 
         async def target(now: float = 0.0) -> int | str:
@@ -615,7 +584,7 @@ class Producer:
         span = telemetry.start_send(request.topic, len(request.bodies)) if metered else None
         tries = PublishTries(span)
         now = self._clock()
-        deadline = now + (self.publish_timeout if timeout is None else float(timeout))
+        deadline = now + (self.options.publish_timeout if timeout is None else float(timeout))
         try:
             try:
                 frame = await self._try(request, tries, deadline, now)
@@ -751,9 +720,10 @@ class Producer:
         while True:
             if not is_retriable(failure):
                 raise failure
-            if self.max_retries is not None and tries.count > self.max_retries:
+            max_retries = self.options.max_retries
+            if max_retries is not None and tries.count > max_retries:
                 raise self._given_up(
-                    request, tries, f"max_retries={self.max_retries}", failure
+                    request, tries, f"max_retries={max_retries}", failure
                 ) from failure
             self._note_failure(request, tries, failure)
             failing_for = clock() - failing_since
@@ -838,7 +808,7 @@ class Producer:
         if request.movable and tries.avoid and tries.count <= 1:
             delay = 0.0  # an unkeyed publish moves to another writable partition at once
         else:
-            delay = self.retry_backoff.delay(tries.count)
+            delay = self.options.retry_delays.delay(tries.count)
         lookup = self._lookup
         if lookup is None or not needs_lookup_refresh(failure):
             await asyncio.sleep(min(delay, remaining))
