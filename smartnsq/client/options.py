@@ -15,16 +15,20 @@ an option is written out once beside the public constructors.
 from __future__ import annotations
 
 import dataclasses
+import math
+import ssl
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from smartnsq.errors import ValidationError
+from smartnsq.flow.backoff import check_seconds
 from smartnsq.routing.addresses import AddressMapping
 from smartnsq.transport.connection import Compression, ConnectionConfig
 from smartnsq.transport.lookup import LookupManager
 from smartnsq.transport.targets import Targets, resolve_targets
 
-__all__ = ["ClientOptions", "expose_options", "keyword_arguments", "set_derived"]
+__all__ = ["ClientOptions", "check_flag", "expose_options", "keyword_arguments", "set_derived"]
 
 C = TypeVar("C", bound=type)
 
@@ -55,6 +59,21 @@ class ClientOptions:
     connection_config: ConnectionConfig = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        check_seconds("connect_timeout", self.connect_timeout, positive=True)
+        heartbeat = self.heartbeat_interval
+        if type(heartbeat) not in (int, float) or not math.isfinite(heartbeat):
+            # its range (-1 disables, 0 is nsqd's default) is IDENTIFY's to check, below
+            raise ValidationError("heartbeat_interval", f"must be seconds, got {heartbeat!r}")
+        if type(self.tls) is not bool and not isinstance(self.tls, ssl.SSLContext):
+            raise ValidationError("tls", f"must be a bool or an ssl.SSLContext, got {self.tls!r}")
+        _check_optional("auth_secret", self.auth_secret, (str, bytes))
+        _check_optional("client_id", self.client_id, (str,))
+        _check_optional("user_agent", self.user_agent, (str,))
+        _check_optional("lookup_manager", self.lookup_manager, (LookupManager,))
+        for name, method in (("tracer_provider", "get_tracer"), ("meter_provider", "get_meter")):
+            provider = getattr(self, name)
+            if provider is not None and not callable(getattr(provider, method, None)):
+                raise ValidationError(name, f"must be an OpenTelemetry provider (with {method})")
         config = ConnectionConfig.build(
             client_id=self.client_id,
             user_agent=self.user_agent,
@@ -82,6 +101,19 @@ class ClientOptions:
             poll_interval=self.lookupd_poll_interval,
             address_map=self.address_map,
         )
+
+
+def _check_optional(name: str, value: object, kinds: tuple[type, ...]) -> None:
+    if value is not None and not isinstance(value, kinds):
+        expected = " or ".join(kind.__name__ for kind in kinds)
+        raise ValidationError(name, f"must be a {expected} or None, not {type(value).__name__}")
+
+
+def check_flag(name: str, value: object) -> bool:
+    """A yes-or-no option: a bool, not a truthy value of another kind."""
+    if type(value) is not bool:
+        raise ValidationError(name, f"must be True or False, not {value!r}")
+    return value
 
 
 def set_derived(options: object, name: str, value: Any) -> None:

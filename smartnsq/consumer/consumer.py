@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Awaitable, Collection, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from smartnsq.client.options import expose_options, keyword_arguments
 from smartnsq.client.telemetry import Telemetry
@@ -122,7 +122,7 @@ class Consumer:
         ordered_give_up: bool = False,
         raise_on_order_violation: bool = False,
         skip_replays: bool | None = None,
-        start: StartPosition | None = None,
+        start: StartPosition | Literal["earliest", "latest"] | None = None,
         desired_tag: str | None = None,
         msg_timeout: float | None = None,
         heartbeat_interval: float = 30.0,
@@ -190,7 +190,7 @@ class Consumer:
             channel=self.channel,
             ordered=options.ordered,
             partitions=None if options.partitions is None else frozenset(options.partitions),
-            start_position=options.start,
+            start_position=options.start_position,
             desired_tag=options.desired_tag,
             connection_config=options.connection_config,
             reconnect_backoff=options.reconnect_delays,

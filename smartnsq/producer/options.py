@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from smartnsq.client.options import ClientOptions, set_derived
+from smartnsq.client.options import ClientOptions, check_flag, set_derived
 from smartnsq.errors import ValidationError
+from smartnsq.flow.backoff import check_seconds
 from smartnsq.flow.retry import Backoff
 from smartnsq.protocol.validation import MAX_BODY_SIZE, MAX_MSG_SIZE
 from smartnsq.routing.sharding import Sharder, ShardingStrategy
@@ -51,11 +52,19 @@ class ProducerOptions(ClientOptions):
             raise ValidationError(
                 "max_retries", "must be an int >= 0, or None (bounded by publish_timeout only)"
             )
+        if self.retry_backoff is not None and not isinstance(self.retry_backoff, Backoff):
+            raise ValidationError("retry_backoff", "must be a Backoff, or None (the default)")
         set_derived(self, "sharder", Sharder(self.sharding))
+        check_seconds("request_timeout", self.request_timeout, positive=True)
         super().__post_init__()
-        linger = self.linger
-        if linger is not None and (not isinstance(linger, (int, float)) or linger < 0):
-            raise ValidationError("linger", "must be >= 0 seconds, or None (no batching)")
+        for name in ("max_msg_size", "max_body_size"):
+            size = getattr(self, name)
+            if type(size) is not int or size < 1:
+                raise ValidationError(name, f"must be an int >= 1 (bytes), got {size!r}")
+        check_flag("trace", self.trace)
+        check_flag("trace_key_hash", self.trace_key_hash)
+        if self.linger is not None:
+            check_seconds("linger", self.linger, positive=False)
         if type(self.max_batch) is not int or self.max_batch < 1:
             raise ValidationError("max_batch", "must be an int >= 1")
 

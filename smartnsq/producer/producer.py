@@ -31,12 +31,17 @@ from smartnsq.errors import (
     NSQError,
     NSQTimeoutError,
     PublishError,
+    UnsupportedFeatureError,
     ValidationError,
 )
 from smartnsq.flow.logthrottle import LogThrottle
 from smartnsq.flow.retry import Backoff, is_retriable, needs_lookup_refresh
 from smartnsq.producer.batching import Batcher
-from smartnsq.producer.options import DEFAULT_PUBLISH_TIMEOUT, ProducerOptions
+from smartnsq.producer.options import (
+    DEFAULT_PUBLISH_TIMEOUT,
+    ProducerOptions,
+    check_publish_timeout,
+)
 from smartnsq.protocol.lookupd import TopicLayout
 from smartnsq.protocol.validation import (
     MAX_BODY_SIZE,
@@ -309,6 +314,8 @@ class Producer:
         """
         check_topic(topic)
         data = check_body(body, self._max_msg_size)
+        if timeout is not None:
+            timeout = check_publish_timeout("timeout", timeout)
         if self._closing:
             raise _closing_error()
         batcher = self._batcher
@@ -382,6 +389,8 @@ class Producer:
         once the others are answered, and those may have been stored.
         """
         check_topic(topic)
+        if timeout is not None:
+            timeout = check_publish_timeout("timeout", timeout)
         if sharding_keys is not None:
             if partition is not None or sharding_key is not None:
                 raise ValidationError(
@@ -566,8 +575,9 @@ class Producer:
                 return await target()
             except NSQError as exc:
                 return await self._retry(request, tries, deadline, exc, target)
-        except Exception:
-            self._stats.failed(1)
+        except Exception as exc:
+            if not _refused(exc, tries):
+                self._stats.failed(1)
             raise
 
     # ------------------------------------------------------------------ one publish
@@ -584,7 +594,7 @@ class Producer:
         span = telemetry.start_send(request.topic, len(request.bodies)) if metered else None
         tries = PublishTries(span)
         now = self._clock()
-        deadline = now + (self.options.publish_timeout if timeout is None else float(timeout))
+        deadline = now + (self.options.publish_timeout if timeout is None else timeout)
         try:
             try:
                 frame = await self._try(request, tries, deadline, now)
@@ -595,7 +605,7 @@ class Producer:
         except BaseException as exc:
             if metered:
                 self._meter_failure(request, span, exc)
-            if isinstance(exc, Exception):
+            if isinstance(exc, Exception) and not _refused(exc, tries):
                 self._stats.failed(len(request.bodies))
             raise
         self._stats.acknowledged(request.bodies, results)
@@ -846,6 +856,14 @@ class Producer:
                 after.tcp_address,
                 LogThrottle.note(held, self._log_throttle.interval),
             )
+
+
+def _refused(exc: Exception, tries: PublishTries) -> bool:
+    """Whether a publish was refused before anything of it was sent: its arguments (a
+    partition the topic does not have) or what its server cannot take (``delay=`` on youzan),
+    on its first try. Such a publish is no failure in the stats (the reference counts the
+    publishes that raised once sent)."""
+    return tries.count == 1 and isinstance(exc, (ValidationError, UnsupportedFeatureError))
 
 
 def _clock_of(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:

@@ -103,6 +103,32 @@ async def test_start_replays_what_the_channel_had_finished_once_per_partition() 
         assert sorted(again) == [b"m0", b"m1", b"m2", b"m3"]  # m0..m2 once more, not thrice
 
 
+async def test_start_earliest_by_name_reads_what_the_channel_had_finished() -> None:
+    """``start="earliest"``, as Kafka users write it, is ``StartPosition.earliest()``: it was
+    accepted, then the subscription failed and retried forever in the background."""
+    async with Cluster(nodes=1) as cluster:
+        await cluster.create_topic("t", 1, 1, channels=["c"])
+        await _publish(cluster, [b"m0", b"m1"])
+        first: list[bytes] = []
+        async with Consumer(
+            "t", "c", lookupd=[cluster.lookupd_url], handler=lambda m: first.append(m.body)
+        ):
+            await cluster.wait_for(lambda: len(first) == 2)
+            await cluster.wait_for(lambda: cluster.unfinished("t", "c") == 0)
+        again: list[bytes] = []
+        consumer = Consumer(
+            "t",
+            "c",
+            lookupd=[cluster.lookupd_url],
+            handler=lambda m: again.append(m.body),
+            start="earliest",
+            reconnect_backoff=FAST,
+        )
+        async with consumer:
+            await cluster.wait_for(lambda: len(again) == 2)
+        assert sorted(again) == [b"m0", b"m1"]
+
+
 async def test_an_ordered_consumer_can_start_from_a_position() -> None:
     async with Cluster(nodes=1) as cluster:
         await cluster.create_topic("t", 1, 1, ordered=True, channels=["c"])
