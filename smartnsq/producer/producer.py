@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import logging
 import random
@@ -308,9 +309,10 @@ class Producer:
 
         ``partition`` and ``sharding_key`` are exclusive; ``trace_id`` uses PUB_TRACE (the
         result carries the receipt); ``ext`` uses PUB_EXT (ext topics only); ``delay``
-        (seconds) uses DPUB (classic nsqd only). Bad input raises before anything is sent;
-        a failed publish raises :class:`PublishError` (retries exhausted) or the server's
-        typed error (not retriable).
+        (seconds) uses DPUB (classic nsqd only); ``timeout`` (seconds) bounds this publish
+        instead of ``publish_timeout``. Bad input raises before anything is sent; a failed
+        publish raises :class:`PublishError` (retries exhausted) or the server's typed error
+        (not retriable).
         """
         check_topic(topic)
         data = check_body(body, self._max_msg_size)
@@ -653,6 +655,7 @@ class Producer:
         """:meth:`_try` when it has to wait: for the layout (``route`` None), then for the
         connection (made, or being made); every wait ends by ``deadline``."""
         scope = asyncio.timeout_at(deadline)
+        waiting_for = "a lookup"
         try:
             async with scope:
                 if route is None:
@@ -660,14 +663,15 @@ class Producer:
                     if self._lookup is not None:
                         layout = await self._lookup.lookup(request.topic, "w")
                     route = self._route_in(request, tries, layout)
+                waiting_for = f"a connection to {route.address}"
                 conn = await self._pool.get(route.address, route.pool_topic, route.partition)
+                waiting_for = f"the answer of {route.address}"
                 return await self._send(request, tries, route, conn, deadline, self._clock())
         except TimeoutError:
             if not scope.expired():
                 raise  # a timeout of its own (an NSQTimeoutError), not the deadline's
-            where = "a lookup" if route is None else f"a connection to {route.address}"
             raise NSQTimeoutError(
-                f"the publish ran out of time waiting for {where} (try {tries.count})"
+                f"the publish ran out of time waiting for {waiting_for} (try {tries.count})"
             ) from None
 
     def _send(
@@ -704,10 +708,26 @@ class Producer:
         else:
             tries.layout = layout
             pinned = tries.pinned
-            if pinned is None and (request.partition is not None or request.key is not NO_KEY):
-                pinned = tries.pinned = self._pin(request, layout)
-            route = self._route_layout(request, layout, tries.avoid, pinned)
+            if pinned is not None or (request.partition is None and request.key is NO_KEY):
+                route = self._route_layout(request, layout, tries.avoid, pinned)
+            else:
+                route = self._pinning_route(request, tries, layout)
         tries.route = route
+        return route
+
+    def _pinning_route(
+        self, request: PublishRequest, tries: PublishTries, layout: TopicLayout
+    ) -> Route:
+        """The first route of a keyed or explicit-partition publish, which pins it to its
+        partition: the route's, or the one it has even without a writable leader now."""
+        try:
+            route = self._route_layout(request, layout, tries.avoid, None)
+        except NoWritablePartitionError:
+            with contextlib.suppress(NSQError):  # no partition count yet: nothing to pin
+                tries.pinned = self._pin(request, layout)
+            raise
+        if route.youzan:  # classic nsqd has no partitions to pin to
+            tries.pinned = route.partition
         return route
 
     # ------------------------------------------------------------------ retries
