@@ -220,14 +220,14 @@ class Producer(_Client):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._start_loop("smartnsq-producer-loop")
         self._producer = self._build(lambda: AsyncProducer(*args, **kwargs))
-        config = self._producer.connection_config
+        config = self._producer.options.connection_config
         # A publish may connect and look up before its own time limit starts to count.
         self._overhead = 2 * config.connect_timeout + config.request_timeout + _GRACE
 
     def start(self) -> Producer:
         """Return once publishing can succeed (see :meth:`smartnsq.Producer.start`)."""
         self._check("start")
-        config = self._producer.connection_config
+        config = self._producer.options.connection_config
         self._runner.run(self._producer.start(), config.connect_timeout + _GRACE, "start()")
         self._mark_started()
         return self
@@ -264,7 +264,7 @@ class Producer(_Client):
         return self._read(lambda: producer.tracing(topic), "tracing()")
 
     def _bound(self, timeout: object) -> float:
-        limit = self._producer.publish_timeout
+        limit = self._producer.options.publish_timeout
         if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
             limit = float(timeout)
         return limit + self._overhead
@@ -334,7 +334,7 @@ class Consumer(_Client):
                 topic, channel, handler=on_message, on_giving_up=give_up, **options
             )
         )
-        self._connect_timeout = self._consumer.connection_config.connect_timeout
+        self._connect_timeout = self._consumer.options.connection_config.connect_timeout
         # Iterating threads take turns on the loop: the async iterator serves one at a time.
         self._next_lock = asyncio.Lock()
 
@@ -568,6 +568,13 @@ def _adapt(fn: Any, runner: LoopThread, *, is_handler: bool) -> Any:
 
 
 # --------------------------------------------------------------------------- message
+
+
+# What of smartnsq.Message a blocking Message does not show: the consumer's own bookkeeping
+# (the subscription it came by, an ordered requeue waiting) and the raw ext block (``ext``
+# and ``tag`` read it). Every other public field has a read-only property below, which a
+# unit test (test_forwarding) holds to the async message's fields, both ways.
+NOT_FORWARDED = frozenset({"lane", "waiting", "ext_raw", "ext_version"})
 
 
 class Message:

@@ -532,7 +532,7 @@ class _Publisher:
                 "smartnsq pub: reading messages from stdin, one per line (Ctrl-D to end)",
                 file=sys.stderr,
             )
-        reader = _StdinLines(fd, asyncio.get_running_loop(), producer.max_msg_size)
+        reader = _StdinLines(fd, asyncio.get_running_loop(), producer.options.max_msg_size)
         self.reader = reader
         reader.start()
         pending: deque[bytes] = deque()
@@ -544,7 +544,7 @@ class _Publisher:
                 await self._send_all(producer, pending, lambda: False)
                 raise UsageError(
                     f"stdin line {self.lines_done + 1} is over the maximum message size of "
-                    f"{producer.max_msg_size} bytes "
+                    f"{producer.options.max_msg_size} bytes "
                     f"({plural(self.published, 'message')} published before it)"
                 ) from None
             if lines is None:

@@ -17,30 +17,36 @@ import inspect
 import logging
 import os
 import warnings
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Collection, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
-from smartnsq.client.options import ClientOptions
+from smartnsq.client.options import expose_options, keyword_arguments
 from smartnsq.client.telemetry import Telemetry
-from smartnsq.consumer.dispatch import Dispatcher, GivingUp
+from smartnsq.consumer.dispatch import Dispatcher
 from smartnsq.consumer.handlers import Handler, HandlerRunner, is_coroutine_function
 from smartnsq.consumer.message import Message
+from smartnsq.consumer.options import (
+    ORDERED_REQUEUE_DELAY,
+    REQUEUE_DELAY,
+    ConsumerOptions,
+    ErrorHook,
+    GivingUp,
+    check_max_in_flight,
+)
 from smartnsq.consumer.subscriber import Subscriber
 from smartnsq.errors import (
     ClientClosedError,
     ConnectionClosedError,
     NSQError,
-    UnsupportedFeatureError,
     ValidationError,
 )
 from smartnsq.flow.backoff import BackoffPolicy, check_seconds
 from smartnsq.flow.retry import Backoff
 from smartnsq.protocol import commands
 from smartnsq.protocol.commands import StartPosition
-from smartnsq.protocol.validation import check_channel, check_partition, check_topic
+from smartnsq.protocol.validation import check_channel, check_topic
 from smartnsq.routing.addresses import AddressMapping
 from smartnsq.transport.connection import Compression
 from smartnsq.transport.lookup import LookupManager
@@ -54,13 +60,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("smartnsq.consumer")
-
-# Seconds a failed message waits before its redelivery, times its attempts (go-nsq's
-# default_requeue_delay); ordered consumers retry sooner (the partition waits meanwhile).
-REQUEUE_DELAY = 90.0
-ORDERED_REQUEUE_DELAY = 0.1
-
-ErrorHook = Callable[[BaseException], Any]
 
 
 @dataclass
@@ -91,6 +90,7 @@ class ConsumerStats:
     per_partition: dict[int | None, int] = field(default_factory=dict)
 
 
+@expose_options(ConsumerOptions)
 class Consumer:
     """Consumes ``topic``/``channel`` from youzan partitions or classic nsqd.
 
@@ -111,7 +111,7 @@ class Consumer:
         handler: Handler | None = None,
         max_in_flight: int | None = None,
         ordered: bool = False,
-        partitions: Sequence[int] | None = None,
+        partitions: Collection[int] | None = None,
         max_attempts: int = 5,
         requeue_delay: float | None = None,
         max_requeue_delay: float = 900.0,
@@ -122,7 +122,7 @@ class Consumer:
         ordered_give_up: bool = False,
         raise_on_order_violation: bool = False,
         skip_replays: bool | None = None,
-        start: StartPosition | None = None,
+        start: StartPosition | Literal["earliest", "latest"] | None = None,
         desired_tag: str | None = None,
         msg_timeout: float | None = None,
         heartbeat_interval: float = 30.0,
@@ -144,99 +144,31 @@ class Consumer:
         lookup_manager: LookupManager | None = None,
         address_map: AddressMapping | None = None,
     ) -> None:
+        arguments = keyword_arguments(locals(), "topic", "channel")
         self.topic = check_topic(topic)
         self.channel = check_channel(channel)
-        if max_in_flight is not None:
-            _check_max_in_flight(max_in_flight)
-        if type(max_attempts) is not int or max_attempts < 1:
-            raise ValidationError("max_attempts", "must be an int >= 1")
-        # Checked here, not only when a failed message computes its delay (too late then).
-        if requeue_delay is None:
-            # A failed ordered message blocks its partition while it waits: retry it soon.
-            requeue_delay = ORDERED_REQUEUE_DELAY if ordered else REQUEUE_DELAY
-        self.requeue_delay = check_seconds("requeue_delay", requeue_delay, positive=False)
-        self.max_requeue_delay = check_seconds(
-            "max_requeue_delay", max_requeue_delay, positive=False
-        )
-        if handler is not None and not callable(handler):
-            raise ValidationError("handler", "must be a coroutine function or a function")
-        if on_error is not None and not callable(on_error):
-            raise ValidationError("on_error", "must be a function or a coroutine function")
-        if ordered and nsqd is not None:
-            raise UnsupportedFeatureError(
-                "ordered consumption subscribes to partitions found through nsqlookupd: use "
-                "lookupd=[...] (classic nsqd has no SUB_ORDERED)"
-            )
-        if ordered and sample_rate:
-            raise ValidationError("sample_rate", "ordered consumption needs sample_rate 0")
-        if skip_replays and not ordered:
-            raise ValidationError(
-                "skip_replays", "needs ordered=True (ordered deliveries carry queue offsets)"
-            )
-        self.partitions = (
-            None if partitions is None else frozenset(check_partition(p) for p in partitions)
-        )
-        if self.partitions is not None and not self.partitions:
-            raise ValidationError("partitions", "must name at least one partition")
-        self.handler = handler
-        self.ordered = ordered
-        self.max_attempts = max_attempts
-        self.ordered_give_up = ordered_give_up
-        self.raise_on_order_violation = raise_on_order_violation
-        self.skip_replays = ordered if skip_replays is None else skip_replays
-        self.start_position = start
-        self.desired_tag = desired_tag
-        self.on_giving_up = on_giving_up
-        self.on_error = on_error
-        self.dead_letter_path = Path(dead_letter_path) if dead_letter_path is not None else None
-        if isinstance(backoff, BackoffPolicy):
-            self.backoff: BackoffPolicy | None = backoff
-        else:
-            self.backoff = BackoffPolicy() if backoff else None
-        # Short: after a leader failover or restart, the partition is consumed again within
-        # about two seconds of its leader taking writes (reconnecting to a node that is down
-        # costs one refused connection per try).
-        self.reconnect_backoff = reconnect_backoff or Backoff(initial=0.1, maximum=1.5)
-        self.options = ClientOptions(
-            lookupd=lookupd,
-            nsqd=nsqd,
-            connect_timeout=connect_timeout,
-            heartbeat_interval=heartbeat_interval,
-            tls=tls,
-            compression=compression,
-            deflate_level=deflate_level,
-            auth_secret=auth_secret,
-            client_id=client_id,
-            user_agent=user_agent,
-            lookupd_poll_interval=lookupd_poll_interval,
-            lookup_manager=lookup_manager,
-            address_map=address_map,
-            tracer_provider=tracer_provider,
-            meter_provider=meter_provider,
-        )
-        self.connection_config = self.options.connection_config(
-            sample_rate=sample_rate, msg_timeout=msg_timeout
-        )
-        self._nsqd, self._lookup, self._owns_lookup = self.options.targets()
+        # Checked here, once, before anything is sent; passed down whole.
+        self.options = options = ConsumerOptions(**arguments)
+        self._nsqd, self._lookup, self._owns_lookup = options.targets()
         self._state = "new"  # new -> starting -> started -> closing -> closed
         self._fatal: BaseException | None = None
         self._done: asyncio.Future[None] | None = None
         self._telemetry = Telemetry(
             "consumer",
-            tracer_provider=self.options.tracer_provider,
-            meter_provider=self.options.meter_provider,
+            tracer_provider=options.tracer_provider,
+            meter_provider=options.meter_provider,
         )
         self._metric_attributes = {
             "messaging.destination.name": self.topic,
             "messaging.consumer.group.name": self.channel,
         }
         runner = None
-        if handler is not None:
+        if options.handler is not None:
             # Plain functions run in threads (started lazily): with max_in_flight None, one
             # per subscription up to 32; else as many as may be in flight, up to 32.
-            threads = handler_threads or min(32, max(1, max_in_flight or 32))
+            threads = options.handler_threads or min(32, max(1, options.max_in_flight or 32))
             runner = HandlerRunner(
-                handler,
+                options.handler,
                 topic=self.topic,
                 channel=self.channel,
                 threads=threads,
@@ -244,22 +176,10 @@ class Consumer:
                 metric_attributes=self._metric_attributes,
             )
         self._dispatcher = Dispatcher(
+            options,
             topic=self.topic,
             channel=self.channel,
-            ordered=ordered,
             runner=runner,
-            max_in_flight=max_in_flight,
-            max_attempts=max_attempts,
-            ordered_give_up=ordered_give_up,
-            skip_replays=self.skip_replays,
-            halt_on_violation=raise_on_order_violation,
-            requeue_delay=self.requeue_delay,
-            max_requeue_delay=self.max_requeue_delay,
-            backoff=self.backoff,
-            low_rdy_idle_timeout=low_rdy_idle_timeout,
-            low_rdy_timeout=low_rdy_timeout,
-            dead_letter_path=self.dead_letter_path,
-            on_giving_up=on_giving_up,
             telemetry=self._telemetry,
             metric_attributes=self._metric_attributes,
             fail=self._fail,
@@ -268,12 +188,12 @@ class Consumer:
             self._dispatcher,
             topic=self.topic,
             channel=self.channel,
-            ordered=ordered,
-            partitions=self.partitions,
-            start_position=start,
-            desired_tag=desired_tag,
-            connection_config=self.connection_config,
-            reconnect_backoff=self.reconnect_backoff,
+            ordered=options.ordered,
+            partitions=None if options.partitions is None else frozenset(options.partitions),
+            start_position=options.start_position,
+            desired_tag=options.desired_tag,
+            connection_config=options.connection_config,
+            reconnect_backoff=options.reconnect_delays,
             lookup=self._lookup,
             nsqd=self._nsqd,
         )
@@ -393,8 +313,9 @@ class Consumer:
             return
         self._fatal = error
         log.error("consumer %s/%s stops: %s", self.topic, self.channel, error)
-        if self.on_error is not None:
-            self._call_hook(self.on_error, error, "on_error")
+        on_error = self.options.on_error
+        if on_error is not None:
+            self._call_hook(on_error, error, "on_error")
         if self._state == "started":
             self._dispatcher.spawn(self.close(timeout=5.0))
 
@@ -423,7 +344,7 @@ class Consumer:
     def set_max_in_flight(self, max_in_flight: int) -> None:
         """Change the in-flight budget (from now on fixed, also when partitions come and
         go); 0 pauses consumption."""
-        self._dispatcher.set_max_in_flight(_check_max_in_flight(max_in_flight))
+        self._dispatcher.set_max_in_flight(check_max_in_flight(max_in_flight))
 
     @property
     def max_in_flight(self) -> int:
@@ -503,7 +424,7 @@ class Consumer:
         return [inbox.popleft() for _ in range(min(max_messages, len(inbox)))]
 
     def _check_iterable(self) -> None:
-        if self.handler is not None:
+        if self.options.handler is not None:
             raise ValidationError("handler", "a consumer with a handler cannot be iterated")
 
     def __aiter__(self) -> Consumer:
@@ -522,9 +443,3 @@ class Consumer:
                     raise self._fatal
                 raise StopAsyncIteration
             await dispatcher.arrival()
-
-
-def _check_max_in_flight(value: int) -> int:
-    if type(value) is not int or value < 0:
-        raise ValidationError("max_in_flight", "must be an int >= 0")
-    return value

@@ -29,9 +29,9 @@ from smartnsq.client.tracelog import TRACE_LOGGER, log_consume
 from smartnsq.consumer.deadletter import write_dead_letter
 from smartnsq.consumer.handlers import HandlerRunner
 from smartnsq.consumer.message import Message
+from smartnsq.consumer.options import ConsumerOptions
 from smartnsq.consumer.subscription import Answerer, Subscription
 from smartnsq.errors import NSQError, OrderViolationError, ServerError
-from smartnsq.flow.backoff import BackoffPolicy
 from smartnsq.flow.delivery import (
     GIVE_UP,
     GIVE_UP_NOW,
@@ -51,7 +51,7 @@ from smartnsq.protocol.payload import MARKER, decompress_payload
 from smartnsq.transport.connection import Connection
 from smartnsq.transport.waiting import wait_event
 
-__all__ = ["LOG_INTERVAL", "Dispatcher", "GivingUp"]
+__all__ = ["LOG_INTERVAL", "Dispatcher"]
 
 log = logging.getLogger("smartnsq.consumer")
 
@@ -59,7 +59,6 @@ log = logging.getLogger("smartnsq.consumer")
 # are logged at most once per this many seconds, with the count of those not shown.
 LOG_INTERVAL = 10.0
 
-GivingUp = Callable[[Message], Any]
 # How often (in messages) the consumer looks whether the smartnsq.trace log is on.
 TRACE_CHECK = 256
 _ACTIVE = ("starting", "started")
@@ -72,36 +71,20 @@ class Dispatcher:
 
     def __init__(
         self,
+        options: ConsumerOptions,
         *,
         topic: str,
         channel: str,
-        ordered: bool,
         runner: HandlerRunner | None,
-        max_in_flight: int | None,
-        max_attempts: int,
-        ordered_give_up: bool,
-        skip_replays: bool,
-        halt_on_violation: bool,
-        requeue_delay: float,
-        max_requeue_delay: float,
-        backoff: BackoffPolicy | None,
-        low_rdy_idle_timeout: float,
-        low_rdy_timeout: float,
-        dead_letter_path: Path | None,
-        on_giving_up: GivingUp | None,
         telemetry: Telemetry,
         metric_attributes: dict[str, str],
         fail: Callable[[BaseException], None],
     ) -> None:
+        self.options = options
         self.topic = topic
         self.channel = channel
-        self.ordered = ordered
+        self.ordered = options.ordered  # read per handled message
         self.runner = runner
-        self.max_attempts = max_attempts
-        self.ordered_give_up = ordered_give_up
-        self.halt_on_violation = halt_on_violation
-        self.dead_letter_path = dead_letter_path
-        self.on_giving_up = on_giving_up
         self.telemetry = telemetry
         self.metric_attributes = metric_attributes
         self.fail = fail
@@ -109,19 +92,8 @@ class Dispatcher:
         self._closing = False  # phase "closing": every answer may be the last awaited
         # None: one message in flight per subscription (each partition, or each classic
         # nsqd, serves the handler one at a time; ordered partitions do anyway)
-        self.auto_budget = max_in_flight is None
-        self.max_in_flight = 1 if max_in_flight is None else max_in_flight
-        self._ledger_options: dict[str, Any] = {
-            "ordered": ordered,
-            "iterating": runner is None,
-            "max_attempts": max_attempts,
-            "ordered_give_up": ordered_give_up,
-            "skip_replays": skip_replays,
-            "halt_on_violation": halt_on_violation,
-            "requeue_delay": requeue_delay,
-            "max_requeue_delay": max_requeue_delay,
-        }
-        self._rdy_options = (backoff, low_rdy_idle_timeout, low_rdy_timeout)
+        self.auto_budget = options.max_in_flight is None
+        self.max_in_flight = 1 if options.max_in_flight is None else options.max_in_flight
         self.ledger: DeliveryLedger[Subscription] | None = None
         self.inbox: deque[Message] = deque()  # released to the iterator, not taken yet
         self._inbox_waiter: asyncio.Future[None] | None = None
@@ -156,15 +128,15 @@ class Dispatcher:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._drained = asyncio.Event()
-        backoff, idle, busy = self._rdy_options
+        options = self.options
         rdy: RdyController[Subscription] = RdyController(
             self.max_in_flight,
             clock=_clock_of(loop),
-            backoff=backoff,
-            low_rdy_idle_timeout=idle,
-            low_rdy_timeout=busy,
+            backoff=options.backoff_policy,
+            low_rdy_idle_timeout=options.low_rdy_idle_timeout,
+            low_rdy_timeout=options.low_rdy_timeout,
         )
-        ledger = self.ledger = DeliveryLedger(rdy, **self._ledger_options)
+        ledger = self.ledger = DeliveryLedger(rdy, options.delivery)
         self._receive = ledger.receive  # bound once: called per message
         if self.runner is not None:
             self.runner.start(loop)
@@ -320,7 +292,7 @@ class Dispatcher:
         consumer stops (the ledger handed the message back)."""
         error = OrderViolationError(violation)
         log.error("%s: %s", self.topic, error)
-        if self.halt_on_violation:
+        if self.options.raise_on_order_violation:
             self.fail(error)
 
     def _release(self, message: Message) -> None:
@@ -376,7 +348,7 @@ class Dispatcher:
         if decision is GIVE_UP_NOW:
             self._give_up(message)
             return
-        if self.ordered and message.attempts >= self.max_attempts:
+        if self.ordered and message.attempts >= self.options.max_attempts:
             log.error(
                 "%s: ordered partition %s is blocked: message %s failed %d times "
                 "(policy: keep retrying; set ordered_give_up=True to dead-letter it)",
@@ -411,9 +383,10 @@ class Dispatcher:
             message.id.hex(),
             message.attempts,
         )
-        if self.dead_letter_path is not None:
-            write_dead_letter(message, self.dead_letter_path)
-        callback = self.on_giving_up
+        path = self.options.dead_letter_path
+        if path is not None:
+            write_dead_letter(message, Path(path))
+        callback = self.options.on_giving_up
         if callback is not None:
             try:
                 result = callback(message)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, Union
 
 from smartnsq.errors import ValidationError
@@ -51,6 +52,7 @@ __all__ = [
     "Delivery",
     "DeliveryCounts",
     "DeliveryLedger",
+    "DeliveryOptions",
     "Lane",
 ]
 
@@ -191,8 +193,9 @@ class DeliveryCounts:
         self.retired_finished: dict[int | None, int] = {}
 
 
-class DeliveryLedger(Generic[L]):
-    """The delivery bookkeeping of one consumer.
+@dataclass(frozen=True, kw_only=True)
+class DeliveryOptions:
+    """The delivery policy of one consumer, checked once when made.
 
     ``ordered``: one message at a time per lane, with replay and order checks;
     ``iterating``: no handler, so an ordered turn ends when the message is answered rather
@@ -201,43 +204,44 @@ class DeliveryLedger(Generic[L]):
     ``skip_replays``: FIN, unhandled, what an ordered consumer finished before;
     ``halt_on_violation``: a delivery that breaks the order goes back instead of running
     (the consumer stops); ``requeue_delay`` and ``max_requeue_delay``: a failed message
-    waits ``requeue_delay`` seconds times its attempts, capped. ``rdy`` (keyed by lanes) is
-    driven by the ledger's events; its RDY counts come back in the decisions.
+    waits ``requeue_delay`` seconds times its attempts, capped.
     """
 
-    def __init__(
-        self,
-        rdy: RdyController[L],
-        *,
-        ordered: bool = False,
-        iterating: bool = False,
-        max_attempts: int = 5,
-        ordered_give_up: bool = False,
-        skip_replays: bool = False,
-        halt_on_violation: bool = False,
-        requeue_delay: float = 90.0,
-        max_requeue_delay: float = 900.0,
-    ) -> None:
-        if type(max_attempts) is not int or max_attempts < 1:
+    ordered: bool = False
+    iterating: bool = False
+    max_attempts: int = 5
+    ordered_give_up: bool = False
+    skip_replays: bool = False
+    halt_on_violation: bool = False
+    requeue_delay: float = 90.0
+    max_requeue_delay: float = 900.0
+
+    def __post_init__(self) -> None:
+        if type(self.max_attempts) is not int or self.max_attempts < 1:
             raise ValidationError("max_attempts", "must be an int >= 1")
+        for name in ("requeue_delay", "max_requeue_delay"):
+            seconds = check_seconds(name, getattr(self, name), positive=False)
+            object.__setattr__(self, name, seconds)
+
+
+class DeliveryLedger(Generic[L]):
+    """The delivery bookkeeping of one consumer, by its :class:`DeliveryOptions`. ``rdy``
+    (keyed by lanes) is driven by the ledger's events; its RDY counts come back in the
+    decisions."""
+
+    def __init__(self, rdy: RdyController[L], options: DeliveryOptions = DeliveryOptions()) -> None:
         self.rdy = rdy
-        self.ordered = ordered
-        self.iterating = iterating
-        self.max_attempts = max_attempts
-        self.ordered_give_up = ordered_give_up
-        self.skip_replays = skip_replays
-        self.halt_on_violation = halt_on_violation
-        self.requeue_delay = check_seconds("requeue_delay", requeue_delay, positive=False)
-        self.max_requeue_delay = check_seconds(
-            "max_requeue_delay", max_requeue_delay, positive=False
-        )
+        self.options = options
+        # read per message
+        self.ordered = options.ordered
+        self.max_attempts = options.max_attempts
         self.counts = DeliveryCounts()
         self.in_flight = 0  # received, not answered, not dropped with a lost lane
         self.accepting = True  # False once closing: what arrives goes back to nsqd
         self.lanes: dict[L, None] = {}  # lanes not lost, in the order they came
         self._sequence = PartitionSequence()
         # an iterated ordered lane's turn ends with the answer (no handler to return)
-        self._turn_ends_with_answer = iterating and ordered
+        self._turn_ends_with_answer = options.iterating and options.ordered
         self._rdy_on_message = rdy.on_message  # bound once: called per message
         self._rdy_on_done = rdy.on_done
 
@@ -368,7 +372,7 @@ class DeliveryLedger(Generic[L]):
         sequence = self._sequence
         offset = delivery.offset
         if (
-            self.skip_replays
+            self.options.skip_replays
             and offset is not None
             and sequence.is_replay(lane.partition, offset, delivery.timestamp)
         ):
@@ -383,7 +387,7 @@ class DeliveryLedger(Generic[L]):
             )
             if violation is not None:
                 self.counts.order_violations += 1
-                if self.halt_on_violation:
+                if self.options.halt_on_violation:
                     command = commands.req(delivery.id, 0)
                     decision = self._answered(ANSWER, delivery, command, "neutral", rdy)
                     decision.violation = violation
@@ -437,7 +441,10 @@ class DeliveryLedger(Generic[L]):
         if delivery.responded:
             return None
         if delay is None:
-            delay = requeue_delay(delivery.attempts, self.requeue_delay, self.max_requeue_delay)
+            options = self.options
+            delay = requeue_delay(
+                delivery.attempts, options.requeue_delay, options.max_requeue_delay
+            )
         elif delay < 0:
             raise ValidationError("delay", "must be >= 0 seconds")
         if self.ordered and delay > 0:
@@ -477,7 +484,7 @@ class DeliveryLedger(Generic[L]):
         :data:`GIVE_UP`. None when the handler had answered it before raising."""
         if delivery.responded:
             return None
-        if self.ordered and self.ordered_give_up and delivery.attempts >= self.max_attempts:
+        if self.ordered and self.options.ordered_give_up and delivery.attempts >= self.max_attempts:
             return GIVE_UP_NOW
         return self.requeue(delivery, None, backoff=True)
 

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import logging
 import random
+import time
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
-from smartnsq.client.options import ClientOptions
+from smartnsq.client.options import expose_options, keyword_arguments
 from smartnsq.client.telemetry import Telemetry, end_send_span, error_type
 from smartnsq.client.tracelog import log_publish
 from smartnsq.errors import (
@@ -36,6 +38,11 @@ from smartnsq.errors import (
 from smartnsq.flow.logthrottle import LogThrottle
 from smartnsq.flow.retry import Backoff, is_retriable, needs_lookup_refresh
 from smartnsq.producer.batching import Batcher
+from smartnsq.producer.options import (
+    DEFAULT_PUBLISH_TIMEOUT,
+    ProducerOptions,
+    check_publish_timeout,
+)
 from smartnsq.protocol.lookupd import TopicLayout
 from smartnsq.protocol.validation import (
     MAX_BODY_SIZE,
@@ -44,22 +51,21 @@ from smartnsq.protocol.validation import (
     check_body,
     check_partition,
     check_topic,
-    check_trace_id,
-    encode_ext,
 )
 from smartnsq.publishing.request import (
     NO_KEY,
     PublishRequest,
-    delay_to_ms,
-    ext_with_trace_id,
-    new_trace_ids,
+    batch_extras,
+    batch_request,
+    message_request,
 )
 from smartnsq.publishing.result import PublishResult
 from smartnsq.publishing.routes import ANY_TOPIC, Route, Router
 from smartnsq.publishing.stats import ProducerStats
+from smartnsq.publishing.tries import PublishTries
 from smartnsq.publishing.wire import PublishCodec
 from smartnsq.routing.addresses import AddressMapping
-from smartnsq.routing.sharding import Sharder, ShardingStrategy
+from smartnsq.routing.sharding import ShardingStrategy
 from smartnsq.transport.connection import Compression, Connection
 from smartnsq.transport.lookup import LookupManager
 from smartnsq.transport.pool import ConnectionPool
@@ -70,10 +76,6 @@ log = logging.getLogger("smartnsq.producer")
 
 T = TypeVar("T")
 
-#: The default ``publish_timeout``: longer than every failover measured on real youzan nsq
-#: (docs/guides/durable-channels.md), the slowest being about 112 s, as Kafka's producer
-#: waits up to 120 s (delivery.timeout.ms) by default.
-DEFAULT_PUBLISH_TIMEOUT = 120.0
 # A publish still failing after this long is worth a warning (a leader move takes less).
 _WARN_AFTER = 5.0
 
@@ -81,6 +83,7 @@ _WARN_AFTER = 5.0
 _UNBOUNDED = 1 << 62
 
 
+@expose_options(ProducerOptions)
 class Producer:
     """Publishes to NSQ. Give exactly one of ``lookupd`` (nsqlookupd HTTP addresses; youzan
     or classic) or ``nsqd`` (classic nsqd TCP addresses). Durations are in seconds.
@@ -124,70 +127,44 @@ class Producer:
         lookup_manager: LookupManager | None = None,
         address_map: AddressMapping | None = None,
     ) -> None:
-        if (
-            isinstance(publish_timeout, bool)
-            or not isinstance(publish_timeout, (int, float))
-            or not publish_timeout > 0
-        ):
-            raise ValidationError("publish_timeout", "must be > 0 seconds")
-        if max_retries is not None and (type(max_retries) is not int or max_retries < 0):
-            raise ValidationError(
-                "max_retries", "must be an int >= 0, or None (bounded by publish_timeout only)"
-            )
-        self.publish_timeout = float(publish_timeout)
-        self.max_retries = max_retries
-        self.retry_backoff = retry_backoff or Backoff()
-        self.max_msg_size = max_msg_size
-        self.max_body_size = max_body_size
-        self.sharder = Sharder(sharding)
-        self.options = ClientOptions(
-            lookupd=lookupd,
-            nsqd=nsqd,
-            connect_timeout=connect_timeout,
-            heartbeat_interval=heartbeat_interval,
-            tls=tls,
-            compression=compression,
-            deflate_level=deflate_level,
-            auth_secret=auth_secret,
-            client_id=client_id,
-            user_agent=user_agent,
-            lookupd_poll_interval=lookupd_poll_interval,
-            lookup_manager=lookup_manager,
-            address_map=address_map,
-            tracer_provider=tracer_provider,
-            meter_provider=meter_provider,
-        )
-        self.connection_config = self.options.connection_config(request_timeout=request_timeout)
-        self._nsqd, self._lookup, self._owns_lookup = self.options.targets()
+        # Checked here, once, before anything is sent; read from here by every part.
+        self.options = options = ProducerOptions(**keyword_arguments(locals()))
+        self._nsqd, self._lookup, self._owns_lookup = options.targets()
         self._pool = ConnectionPool(
-            self.connection_config, connections_per_key=connections_per_partition
+            options.connection_config, connections_per_key=options.connections_per_partition
         )
-        self._router = Router(self.sharder, self._nsqd)
+        self._router = Router(options.sharder, self._nsqd)
         self._codec = PublishCodec(
-            max_msg_size=max_msg_size, max_body_size=max_body_size, inject=Telemetry.inject
+            max_msg_size=options.max_msg_size,
+            max_body_size=options.max_body_size,
+            inject=Telemetry.inject,
         )
         # Bound once: the hot path calls these per publish, with no lookup through the parts.
         self._direct_routes = self._router.direct_routes
         self._route_layout = self._router.route
         self._route_classic = self._router.route_classic
-        self._fit = self._codec.fit
+        self._pin = self._router.pin
         self._prepare = self._codec.prepare
         self._results = self._codec.results
-        self._trace_default = bool(trace)
+        self._max_msg_size = options.max_msg_size
+        self._request_timeout = options.connection_config.request_timeout
+        # The event loop's clock (deadlines are in its time), bound when the producer starts.
+        self._clock: Callable[[], float] = time.monotonic
+        self._trace_default = bool(options.trace)
         self._trace_topics: dict[str, bool] = {}
-        self.trace_key_hash = trace_key_hash
         self._telemetry = Telemetry(
             "producer",
-            tracer_provider=self.options.tracer_provider,
-            meter_provider=self.options.meter_provider,
+            tracer_provider=options.tracer_provider,
+            meter_provider=options.meter_provider,
         )
-        if linger is not None and (not isinstance(linger, (int, float)) or linger < 0):
-            raise ValidationError("linger", "must be >= 0 seconds, or None (no batching)")
-        if type(max_batch) is not int or max_batch < 1:
-            raise ValidationError("max_batch", "must be an int >= 1")
         self._batcher = (
-            Batcher(self._flush_batch, linger=linger, max_batch=max_batch, max_bytes=max_body_size)
-            if linger is not None
+            Batcher(
+                self._flush_batch,
+                linger=options.linger,
+                max_batch=options.max_batch,
+                max_bytes=options.max_body_size,
+            )
+            if options.linger is not None
             else None
         )
         self._stats = ProducerStats()
@@ -213,7 +190,7 @@ class Producer:
             if self._state == "started":
                 return self
             self._state = "starting"
-            timeout = self.connection_config.connect_timeout
+            timeout = self.options.connect_timeout
             try:
                 await asyncio.wait_for(self._warm_up(), timeout)
             except TimeoutError:
@@ -224,6 +201,7 @@ class Producer:
             except BaseException:
                 self._state = "new"
                 raise
+            self._clock = _clock_of(asyncio.get_running_loop())
             self._state = "started"
         return self
 
@@ -260,7 +238,7 @@ class Producer:
             return
         self._closing = True
         if self._batcher is not None:
-            await self._batcher.flush(self.publish_timeout)
+            await self._batcher.flush(self.options.publish_timeout)
             self._batcher.close(
                 ClientClosedError(
                     "the Producer was closed before this publish was answered "
@@ -331,90 +309,61 @@ class Producer:
 
         ``partition`` and ``sharding_key`` are exclusive; ``trace_id`` uses PUB_TRACE (the
         result carries the receipt); ``ext`` uses PUB_EXT (ext topics only); ``delay``
-        (seconds) uses DPUB (classic nsqd only). Bad input raises before anything is sent;
-        a failed publish raises :class:`PublishError` (retries exhausted) or the server's
-        typed error (not retriable).
+        (seconds) uses DPUB (classic nsqd only); ``timeout`` (seconds) bounds this publish
+        instead of ``publish_timeout``. Bad input raises before anything is sent; a failed
+        publish raises :class:`PublishError` (retries exhausted) or the server's typed error
+        (not retriable).
         """
         check_topic(topic)
-        data = check_body(body, self.max_msg_size)
+        data = check_body(body, self._max_msg_size)
+        if timeout is not None:
+            timeout = check_publish_timeout("timeout", timeout)
         if self._closing:
             raise _closing_error()
         batcher = self._batcher
-        if (
+        batched = (
             batcher is not None
-            and partition is None
-            and sharding_key is None
+            and timeout is None
             and trace_id is None
             and ext is None
             and delay is None
-            and timeout is None
+        )
+        if (
+            batcher is not None
+            and batched
+            and partition is None
+            and sharding_key is None
             and self._state == "started"
             and not self.tracing(topic)
         ):
-            # The common auto-batched publish, without the per-request bookkeeping: the
-            # batch is the request (see _batched for every other case).
+            # The common auto-batched publish: the topic's unkeyed lane, nothing to decide
+            # (the batch is the request; see _batched for every other case).
             result: PublishResult = await batcher.add((topic, "any"), data, None, ordered=False)
             return result
-        request = PublishRequest(topic, "PUB", [data])
-        self._common_args(request, partition, sharding_key)
-        if trace_id is not None:
-            request.trace_ids = [check_trace_id(trace_id)]
-            request.command = "PUB_TRACE"
-        elif delay is None and self.tracing(topic):
-            request.trace_ids = [self._new_trace_id(request.key)]
-            request.command = "PUB_TRACE"
-            request.auto_trace = True
-        if ext is not None:
-            encoded = encode_ext(ext)
-            if request.trace_ids is not None:
-                # PUB_EXT carries a trace id in its header (and is answered with a receipt)
-                encoded, trace = ext_with_trace_id(
-                    encoded, request.trace_ids[0], request.auto_trace
-                )
-                request.trace_ids = [trace]
-            request.exts = [encoded]
-            request.command = "PUB_EXT"
-        if delay is not None:
-            if trace_id is not None or ext is not None:
-                raise UnsupportedFeatureError("delay cannot be combined with trace_id or ext")
-            request.delay_ms = delay_to_ms(delay)
-            request.command = "DPUB"
+        if partition is None and sharding_key is None:
+            key = NO_KEY
+        else:
+            partition, key = self._binding(partition, sharding_key)
         if (
-            self._batcher is not None
-            and timeout is None
-            and request.exts is None
-            and request.delay_ms is None
-            and (request.command == "PUB" or request.auto_trace)
+            trace_id is None
+            and ext is None
+            and delay is None
+            and not self._trace_topics.get(topic, self._trace_default)  # tracing(topic)
         ):
+            request = PublishRequest(topic, "PUB", [data], partition, key)
+        else:
+            request = message_request(
+                topic,
+                data,
+                partition=partition,
+                key=key,
+                trace_id=trace_id,
+                ext=ext,
+                delay=delay,
+                switched_trace_id=self._switched_trace_id(topic, key),
+            )
+        if batched:
             return await self._batched(request)
-        if self._state == "started" and not self._telemetry.enabled:
-            # Fast path: layout cached and connection open -> one await, no coroutine chain.
-            # Whatever fails here (routing included) goes to the retry loop, as in _run.
-            route: Route | None = None
-            try:
-                route = self._route_now(request)
-                if route is not None:
-                    limit = self.publish_timeout if timeout is None else float(timeout)
-                    request.last_partition = route.partition
-                    # Connect on the route chosen here: routing again would skip partitions.
-                    conn = self._pool.get_nowait(route.address, route.pool_topic, route.partition)
-                    if conn is None:
-                        conn = await self._pool.get(
-                            route.address, route.pool_topic, route.partition
-                        )
-                    frame = await self._send(request, route, conn, limit)
-            except Exception as exc:
-                if not is_retriable(exc):
-                    self._stats.failed(1)
-                    raise
-                results = await self._run(request, timeout, first_failure=exc)
-                return results[0]
-            if route is not None:
-                results = self._results(request, route, frame, 1)
-                self._stats.acknowledged(request.bodies, results)
-                if results[0].internal_id is not None:
-                    log_publish(results[0])
-                return results[0]
         results = await self._run(request, timeout)
         return results[0]
 
@@ -442,6 +391,8 @@ class Producer:
         once the others are answered, and those may have been stored.
         """
         check_topic(topic)
+        if timeout is not None:
+            timeout = check_publish_timeout("timeout", timeout)
         if sharding_keys is not None:
             if partition is not None or sharding_key is not None:
                 raise ValidationError(
@@ -450,26 +401,16 @@ class Producer:
             return await self._publish_keyed(
                 topic, bodies, sharding_keys, trace, trace_ids, exts, timeout
             )
-        data = check_bodies(list(bodies), self.max_msg_size, self.max_body_size)
+        data = check_bodies(list(bodies), self._max_msg_size, self.options.max_body_size)
         if self._closing:
             raise _closing_error()
-        request = PublishRequest(topic, "MPUB", data)
-        self._common_args(request, partition, sharding_key)
-        auto = not trace and trace_ids is None and exts is None and self.tracing(topic)
-        if trace or trace_ids is not None or auto:
-            ids = list(trace_ids) if trace_ids is not None else new_trace_ids(len(data))
-            request.auto_trace = auto
-            if len(ids) != len(data):
-                raise ValidationError("trace_ids", f"{len(ids)} trace ids for {len(data)} bodies")
-            request.trace_ids = [check_trace_id(t) for t in ids]
-            request.command = "MPUB_TRACE"
-        if exts is not None:
-            if request.trace_ids is not None:
-                raise UnsupportedFeatureError("MPUB cannot carry both trace ids and ext headers")
-            if len(exts) != len(data):
-                raise ValidationError("exts", f"{len(exts)} ext headers for {len(data)} bodies")
-            request.exts = [None if e is None else encode_ext(e) for e in exts]
-            request.command = "MPUB_EXT"
+        partition, key = self._binding(partition, sharding_key)
+        ids, encoded, auto = batch_extras(
+            len(data), trace=trace, trace_ids=trace_ids, exts=exts, switched=self.tracing(topic)
+        )
+        request = batch_request(
+            topic, data, partition=partition, key=key, trace_ids=ids, exts=encoded, auto_trace=auto
+        )
         return await self._run(request, timeout)
 
     async def _publish_keyed(
@@ -484,25 +425,16 @@ class Producer:
     ) -> list[PublishResult]:
         """publish_many with a sharding key per message: one MPUB per target, in parallel."""
         # Each batch is checked against max_body_size below, once grouped: not the total.
-        data = check_bodies(list(bodies), self.max_msg_size, _UNBOUNDED)
+        data = check_bodies(list(bodies), self._max_msg_size, _UNBOUNDED)
         count = len(data)
         if isinstance(keys, (str, bytes)) or len(keys) != count:
             raise ValidationError("sharding_keys", f"give one key per body ({count} bodies)")
         if None in keys:
             index = next(i for i, key in enumerate(keys) if key is None)
             raise ValidationError(f"sharding_keys[{index}]", "a key is required")
-        ids: list[int] | None = None
-        if trace_ids is not None:
-            if len(trace_ids) != count:
-                raise ValidationError("trace_ids", f"{len(trace_ids)} trace ids for {count} bodies")
-            ids = [check_trace_id(t) for t in trace_ids]
-        encoded: list[bytes | None] | None = None
-        if exts is not None:
-            if ids is not None or trace:
-                raise UnsupportedFeatureError("MPUB cannot carry both trace ids and ext headers")
-            if len(exts) != count:
-                raise ValidationError("exts", f"{len(exts)} ext headers for {count} bodies")
-            encoded = [None if e is None else encode_ext(e) for e in exts]
+        ids, encoded, auto = batch_extras(
+            count, trace=trace, trace_ids=trace_ids, exts=exts, switched=self.tracing(topic)
+        )
         if self._closing:
             raise _closing_error()
         if self._state != "started":
@@ -514,32 +446,26 @@ class Producer:
         appenders = {target: group.append for target, group in groups.items()}
         for index, target in enumerate(targets):
             appenders[target](index)
-        auto = not trace and ids is None and encoded is None and self.tracing(topic)
-        if (trace or auto) and ids is None:
-            ids = new_trace_ids(count)
         requests = []
         for target, indexes in groups.items():
             batch = [data[i] for i in indexes] if len(groups) > 1 else data
             size = 4 + 4 * len(batch) + sum(map(len, batch))
-            if size > self.max_body_size:
+            if size > self.options.max_body_size:
                 raise ValidationError(
                     "bodies",
                     f"the batch for {_describe_target(target)} is {size} bytes on the wire, "
-                    f"over the maximum of {self.max_body_size}",
+                    f"over the maximum of {self.options.max_body_size}",
                 )
-            request = PublishRequest(topic, "MPUB", batch)
-            request.key = keys[indexes[0]]  # keyed: never moves off its target
-            if isinstance(target, int):
-                request.pinned = target
-            else:
-                request.address = target
-            if ids is not None:
-                request.trace_ids = [ids[i] for i in indexes]
-                request.command = "MPUB_TRACE"
-                request.auto_trace = auto
-            if encoded is not None:
-                request.exts = [encoded[i] for i in indexes]
-                request.command = "MPUB_EXT"
+            # Keyed: each batch goes to its key's target for all its tries.
+            request = batch_request(
+                topic,
+                batch,
+                partition=target if isinstance(target, int) else None,
+                address=target if isinstance(target, str) else None,
+                trace_ids=None if ids is None else [ids[i] for i in indexes],
+                exts=None if encoded is None else [encoded[i] for i in indexes],
+                auto_trace=auto,
+            )
             requests.append((indexes, request))
         outcomes = await asyncio.gather(
             *(self._run(request, timeout) for _, request in requests), return_exceptions=True
@@ -557,16 +483,30 @@ class Producer:
         layout = None if self._lookup is None else await self._lookup.lookup(topic, "w")
         return self._router.key_targets(topic, keys, layout)
 
-    def _common_args(self, request: PublishRequest, partition: int | None, key: Any) -> None:
+    def _binding(self, partition: int | None, key: Any) -> tuple[int | None, Any]:
+        """A publish's explicit partition or sharding key, checked (``NO_KEY``: none)."""
         if partition is not None and key is not None:
             raise ValidationError("partition", "give a partition or a sharding_key, not both")
         if partition is not None:
-            request.partition = check_partition(partition)
+            return check_partition(partition), NO_KEY
         if key is not None:
-            self.sharder.partition_for(key, 1)  # validates the key type now, before routing
-            request.key = key
+            self.options.sharder.partition_for(key, 1)  # the key's type is checked now
+            return None, key
+        return None, NO_KEY
 
-    # ------------------------------------------------------------------ sending
+    def _switched_trace_id(self, topic: str, key: Any) -> Callable[[], int] | None:
+        """The trace switch for ``topic``: what gives a publish its trace id when it is on."""
+        return functools.partial(self._new_trace_id, key) if self.tracing(topic) else None
+
+    def _new_trace_id(self, key: Any) -> int:
+        if key is not NO_KEY and self.options.trace_key_hash:
+            # youzan go-nsq traces a keyed publish with the key's hash
+            hashed = self.options.sharder.hash32(key)
+            if hashed is not None:
+                return hashed & 0xFFFFFFFF
+        return random.getrandbits(64)
+
+    # ------------------------------------------------------------------ batching
 
     async def _batched(self, request: PublishRequest) -> PublishResult:
         """Hand the message to the batcher, in the lane of its partition (keyed or explicit
@@ -576,7 +516,7 @@ class Producer:
         if self._batcher is None:  # pragma: no cover - only called with a batcher
             raise ValidationError("linger", "batching is off")
         lane: tuple[Any, ...]
-        ordered = request.partition is not None or request.key is not NO_KEY
+        ordered = not request.movable
         if not ordered:
             lane = (request.topic, "any")
         else:
@@ -595,149 +535,268 @@ class Producer:
     async def _flush_batch(
         self, lane: Any, bodies: list[bytes], trace_ids: list[int] | None
     ) -> list[PublishResult]:
-        request = PublishRequest(lane[0], "MPUB", bodies)
-        if trace_ids is not None:
-            request.command = "MPUB_TRACE"
-            request.trace_ids = trace_ids
-            request.auto_trace = True
-        if lane[1] == "pinned":
-            if lane[2]:
-                request.partition = request.pinned = lane[3]
-            else:
-                request.address = lane[3]
+        """Send one batch of a lane (the batcher's flush): an MPUB request like any other."""
+        pinned = lane[1] == "pinned"
+        request = batch_request(
+            lane[0],
+            bodies,
+            partition=lane[3] if pinned and lane[2] else None,
+            address=lane[3] if pinned and not lane[2] else None,
+            trace_ids=trace_ids,
+            auto_trace=trace_ids is not None,
+        )
         return await self._run(request, None)
 
-    def _new_trace_id(self, key: Any) -> int:
-        if key is not NO_KEY and self.trace_key_hash:
-            # youzan go-nsq traces a keyed publish with the key's hash
-            hashed = self.sharder.hash32(key)
-            if hashed is not None:
-                return hashed & 0xFFFFFFFF
-        return random.getrandbits(64)
+    def _target_now(self, request: PublishRequest) -> int | str | None:
+        """The batch lane's target from what is cached (None: it must be looked up)."""
+        if self._lookup is None:
+            return self._router.target(request, None)
+        layout = self._lookup.cached(request.topic, "w")
+        if layout is None:
+            return None
+        try:
+            return self._router.target(request, layout)
+        except NoWritablePartitionError:
+            return None
 
-    async def _run(
-        self,
-        request: PublishRequest,
-        timeout: float | None,
-        first_failure: BaseException | None = None,
-    ) -> list[PublishResult]:
+    async def _target_retrying(self, request: PublishRequest) -> int | str:
+        """The batch lane's target, looked up within the retry loop (``publish_timeout``)."""
+        tries = PublishTries()
+        deadline = self._clock() + self.options.publish_timeout
+        lookup = self._lookup
+
+        async def target(now: float = 0.0) -> int | str:
+            layout = None
+            if lookup is not None:
+                lookup_done = lookup.lookup(request.topic, "w")
+                layout = tries.layout = await _by_deadline(lookup_done, deadline, "the lookup")
+            return self._router.target(request, layout)
+
+        try:
+            try:
+                return await target()
+            except NSQError as exc:
+                return await self._retry(request, tries, deadline, exc, target)
+        except Exception as exc:
+            if not _refused(exc, tries):
+                self._stats.failed(1)
+            raise
+
+    # ------------------------------------------------------------------ one publish
+
+    async def _run(self, request: PublishRequest, timeout: float | None) -> list[PublishResult]:
+        """Publish ``request`` (every publish that is not auto-batched, and every batch the
+        batcher sends): its first try and its retries take the one path of a try
+        (:meth:`_try`), all by one deadline (``timeout``, else ``publish_timeout``); the
+        outcome is counted and, with OpenTelemetry, traced."""
         if self._state != "started":
             await self.start()
+        telemetry = self._telemetry
+        metered = telemetry.enabled
+        span = telemetry.start_send(request.topic, len(request.bodies)) if metered else None
+        tries = PublishTries(span)
+        now = self._clock()
+        deadline = now + (self.options.publish_timeout if timeout is None else timeout)
         try:
-            if self._telemetry.enabled:
-                results = await self._run_in_span(request, timeout, first_failure)
-            else:
-                results = await self._run_retrying(request, timeout, first_failure)
-        except Exception:
-            self._stats.failed(len(request.bodies))
+            try:
+                frame = await self._try(request, tries, deadline, now)
+            except NSQError as exc:
+                retry = functools.partial(self._try, request, tries, deadline)
+                frame = await self._retry(request, tries, deadline, exc, retry)
+            results = self._results(request, tries.route, frame, tries.count, tries.trace_ids)
+        except BaseException as exc:
+            if metered:
+                self._meter_failure(request, span, exc)
+            if isinstance(exc, Exception) and not _refused(exc, tries):
+                self._stats.failed(len(request.bodies))
             raise
         self._stats.acknowledged(request.bodies, results)
         if results[0].internal_id is not None:
             for result in results:
                 log_publish(result)
+        if metered:
+            telemetry.count(
+                "published", len(results), {"messaging.destination.name": request.topic}
+            )
+            if span is not None:
+                end_send_span(span, results)
         return results
 
-    async def _run_in_span(
-        self, request: PublishRequest, timeout: float | None, first_failure: BaseException | None
-    ) -> list[PublishResult]:
-        """_run_retrying inside a ``send {topic}`` span, counted in the metrics."""
-        telemetry = self._telemetry
-        request.span = telemetry.start_send(request.topic, len(request.bodies))
-        attributes = {"messaging.destination.name": request.topic}
-        try:
-            results = await self._run_retrying(request, timeout, first_failure)
-        except BaseException as exc:
-            telemetry.count("publish_errors", 1, {**attributes, "error.type": error_type(exc)})
-            if request.span is not None:
-                Telemetry.fail(request.span, exc)
-                request.span.end()
-            raise
-        telemetry.count("published", len(results), attributes)
-        span = request.span
+    def _meter_failure(self, request: PublishRequest, span: Any, exc: BaseException) -> None:
+        attributes = {"messaging.destination.name": request.topic, "error.type": error_type(exc)}
+        self._telemetry.count("publish_errors", 1, attributes)
         if span is not None:
-            end_send_span(span, results)
-        return results
+            Telemetry.fail(span, exc)
+            span.end()
 
-    async def _run_retrying(
+    def _try(
+        self, request: PublishRequest, tries: PublishTries, deadline: float, now: float
+    ) -> Awaitable[bytes]:
+        """One try of ``request`` (``now``: the loop's time): route it, take its connection,
+        send it. The awaitable gets nsqd's answer, and ends by ``deadline``. When the layout
+        is cached and the connection open (the common case) it is the request's own future:
+        every wait of a try is already satisfied, and nothing else is awaited."""
+        lookup = self._lookup
+        if lookup is None:
+            route = self._route_in(request, tries, None)
+        else:
+            layout = lookup.cached(request.topic, "w")
+            if layout is None:
+                return self._try_waiting(request, tries, deadline, None)
+            route = self._route_in(request, tries, layout)
+        conn = self._pool.get_nowait(route.address, route.pool_topic, route.partition)
+        if conn is None:
+            return self._try_waiting(request, tries, deadline, route)
+        return self._send(request, tries, route, conn, deadline, now)
+
+    async def _try_waiting(
+        self, request: PublishRequest, tries: PublishTries, deadline: float, route: Route | None
+    ) -> bytes:
+        """:meth:`_try` when it has to wait: for the layout (``route`` None), then for the
+        connection (made, or being made); every wait ends by ``deadline``."""
+        scope = asyncio.timeout_at(deadline)
+        waiting_for = "a lookup"
+        try:
+            async with scope:
+                if route is None:
+                    layout = None
+                    if self._lookup is not None:
+                        layout = await self._lookup.lookup(request.topic, "w")
+                    route = self._route_in(request, tries, layout)
+                waiting_for = f"a connection to {route.address}"
+                conn = await self._pool.get(route.address, route.pool_topic, route.partition)
+                waiting_for = f"the answer of {route.address}"
+                return await self._send(request, tries, route, conn, deadline, self._clock())
+        except TimeoutError:
+            if not scope.expired():
+                raise  # a timeout of its own (an NSQTimeoutError), not the deadline's
+            raise NSQTimeoutError(
+                f"the publish ran out of time waiting for {waiting_for} (try {tries.count})"
+            ) from None
+
+    def _send(
         self,
         request: PublishRequest,
-        timeout: float | None,
-        first_failure: BaseException | None = None,
-    ) -> list[PublishResult]:
-        limit = self.publish_timeout if timeout is None else float(timeout)
-        deadline = asyncio.get_running_loop().time() + limit
-        if first_failure is None:
-            try:
-                return await self._attempt(request, 1, limit)
-            except NSQError as exc:
-                first_failure = exc
-        return await self._retry(
-            request, deadline, first_failure, functools.partial(self._attempt, request)
+        tries: PublishTries,
+        route: Route,
+        conn: Connection,
+        deadline: float,
+        now: float,
+    ) -> Awaitable[bytes]:
+        """Encode the try (what the server refuses raises here, before anything is sent) and
+        queue it on ``conn``; the awaitable gets nsqd's answer, by ``deadline``."""
+        command, data, tries.trace_ids = self._prepare(
+            request, route, route.youzan or conn.youzan, tries.span
         )
+        remaining = deadline - now
+        if remaining >= self._request_timeout:
+            return conn.request_future(data, command, self._request_timeout)
+        if remaining <= 0:
+            raise NSQTimeoutError(f"the publish ran out of time before try {tries.count} was sent")
+        # The deadline comes first. The connection watches the time of its oldest request
+        # only, so the answer is also awaited by the deadline, whatever it waits behind.
+        answer = conn.request_future(data, command, remaining)
+        return _by_deadline(answer, deadline, f"{command} to {route.address}")
+
+    def _route_in(
+        self, request: PublishRequest, tries: PublishTries, layout: TopicLayout | None
+    ) -> Route:
+        """This try's route (the router decides, from the tries so far), noted in ``tries``;
+        a keyed or explicit-partition publish is pinned at its first routing."""
+        if layout is None:
+            route = self._route_classic(request, self._direct_routes)
+        else:
+            tries.layout = layout
+            pinned = tries.pinned
+            if pinned is not None or (request.partition is None and request.key is NO_KEY):
+                route = self._route_layout(request, layout, tries.avoid, pinned)
+            else:
+                route = self._pinning_route(request, tries, layout)
+        tries.route = route
+        return route
+
+    def _pinning_route(
+        self, request: PublishRequest, tries: PublishTries, layout: TopicLayout
+    ) -> Route:
+        """The first route of a keyed or explicit-partition publish, which pins it to its
+        partition: the route's, or the one it has even without a writable leader now."""
+        try:
+            route = self._route_layout(request, layout, tries.avoid, None)
+        except NoWritablePartitionError:
+            with contextlib.suppress(NSQError):  # no partition count yet: nothing to pin
+                tries.pinned = self._pin(request, layout)
+            raise
+        if route.youzan:  # classic nsqd has no partitions to pin to
+            tries.pinned = route.partition
+        return route
+
+    # ------------------------------------------------------------------ retries
 
     async def _retry(
         self,
         request: PublishRequest,
+        tries: PublishTries,
         deadline: float,
         failure: BaseException,
-        attempt: Callable[[int, float], Awaitable[T]],
+        attempt: Callable[[float], Awaitable[T]],
     ) -> T:
-        """Try ``attempt(tries, remaining)`` again after ``failure`` until it succeeds, a
-        failure is not retriable (raised as it is), or ``deadline`` (``publish_timeout``) or
-        ``max_retries`` ends it: then :class:`PublishError`, caused by the last failure."""
-        loop = asyncio.get_running_loop()
-        failing_since = loop.time()
+        """Try ``attempt(now)`` again after ``failure`` until it succeeds, a failure is not
+        retriable (raised as it is), or ``deadline`` (``publish_timeout``) or
+        ``max_retries`` ends it: then :class:`PublishError`, caused by the last failure.
+        ``tries`` counts the tries; each ends by the deadline itself."""
+        clock = self._clock
+        failing_since = clock()
         warned = False
-        tries = 1
         while True:
             if not is_retriable(failure):
                 raise failure
-            if self.max_retries is not None and tries > self.max_retries:
+            max_retries = self.options.max_retries
+            if max_retries is not None and tries.count > max_retries:
                 raise self._given_up(
-                    request, tries, f"max_retries={self.max_retries}", failure
+                    request, tries, f"max_retries={max_retries}", failure
                 ) from failure
-            self._note_failure(request, failure, tries)
-            failing_for = loop.time() - failing_since
+            self._note_failure(request, tries, failure)
+            failing_for = clock() - failing_since
             if not warned and failing_for >= _WARN_AFTER:
                 warned = True
-                self._warn_failing(request, failure, tries, failing_for)
-            await self._pause(request, failure, tries, deadline - loop.time())
-            remaining = deadline - loop.time()
-            if remaining <= 0:
+                self._warn_failing(request, failure, tries.count, failing_for)
+            await self._pause(request, tries, failure, deadline)
+            now = clock()
+            if deadline - now <= 0:
                 raise self._given_up(request, tries, "publish_timeout", failure) from failure
-            tries += 1
+            tries.count += 1
             self._stats.retries += 1
             try:
-                return await asyncio.wait_for(attempt(tries, remaining), remaining)
+                return await attempt(now)
             except NSQError as exc:
                 failure = exc
-            except TimeoutError:  # the deadline passed during the try (wait_for's own)
-                raise self._given_up(request, tries, "publish_timeout", failure) from failure
 
     def _given_up(
-        self, request: PublishRequest, tries: int, bound: str, last: BaseException
+        self, request: PublishRequest, tries: PublishTries, bound: str, last: BaseException
     ) -> PublishError:
         cause = "timed out" if bound == "publish_timeout" else f"reached {bound}"
-        partition = request.partition if request.partition is not None else request.pinned
+        partition = request.partition if request.partition is not None else tries.pinned
         where = "" if partition is None else f" partition {partition}"
         return PublishError(
-            f"publish to {request.topic!r}{where} failed after {tries} tries ({cause}): {last}",
+            f"publish to {request.topic!r}{where} failed after {tries.count} tries ({cause}): "
+            f"{last}",
             topic=request.topic,
             partition=partition,
-            tries=tries,
+            tries=tries.count,
         )
 
-    def _note_failure(self, request: PublishRequest, exc: BaseException, tries: int) -> None:
-        """A retriable failure of try number ``tries``, to be retried."""
-        if request.movable and request.last_partition is not None:
-            request.avoid.add(request.last_partition)
+    def _note_failure(
+        self, request: PublishRequest, tries: PublishTries, exc: BaseException
+    ) -> None:
+        """A retriable failure of the last try, to be retried."""
+        tries.failed(request)
         self._telemetry.count("retries", 1, {"messaging.destination.name": request.topic})
-        if request.span is not None:
-            request.span.add_event(
+        if tries.span is not None:
+            tries.span.add_event(
                 "retry",
                 {
                     "error.type": error_type(exc),
-                    "messaging.destination.partition.id": str(request.last_partition),
+                    "messaging.destination.partition.id": str(tries.last_partition),
                 },
             )
         # Expected in a failover or a leader move: a debug record per try. What a user needs
@@ -745,8 +804,8 @@ class Producer:
         log.debug(
             "publish to %s (partition %s) failed on try %d (%s); retrying",
             request.topic,
-            request.last_partition,
-            tries,
+            tries.last_partition,
+            tries.count,
             exc,
         )
 
@@ -767,18 +826,19 @@ class Producer:
         )
 
     async def _pause(
-        self, request: PublishRequest, failure: BaseException, tries: int, remaining: float
+        self, request: PublishRequest, tries: PublishTries, failure: BaseException, deadline: float
     ) -> None:
-        """Wait before try ``tries + 1``. A failure that says the layout is stale waits for
+        """Wait before the next try. A failure that says the layout is stale waits for
         nsqlookupd to name somewhere else to go (woken as soon as a lookup does), at most the
         backoff; a publish that had nowhere to go at all waits for that alone (in rounds of
-        ``_WARN_AFTER``)."""
+        ``_WARN_AFTER``). Never past ``deadline``."""
+        remaining = deadline - self._clock()
         if remaining <= 0:
             return
-        if request.movable and request.avoid and tries <= 1:
+        if request.movable and tries.avoid and tries.count <= 1:
             delay = 0.0  # an unkeyed publish moves to another writable partition at once
         else:
-            delay = self.retry_backoff.delay(tries)
+            delay = self.options.retry_delays.delay(tries.count)
         lookup = self._lookup
         if lookup is None or not needs_lookup_refresh(failure):
             await asyncio.sleep(min(delay, remaining))
@@ -787,20 +847,20 @@ class Producer:
             # Only a new layout can help: no try before it comes, but a look every
             # _WARN_AFTER seconds at how long this lasts (a try that routes nowhere is free).
             delay = max(delay, _WARN_AFTER)
-        stale = request.layout
+        stale, pinned = tries.layout, tries.pinned
         routable = self._router.routable
 
         def recovered(layout: TopicLayout) -> bool:
-            return layout != stale and routable(request, layout)
+            return layout != stale and routable(request, layout, pinned)
 
         layout = await lookup.wait_until(request.topic, "w", recovered, min(delay, remaining))
         if layout is not None and stale is not None:
-            self._log_leader_move(request, stale, layout)
+            self._log_leader_move(request, tries, stale, layout)
 
     def _log_leader_move(
-        self, request: PublishRequest, stale: TopicLayout, layout: TopicLayout
+        self, request: PublishRequest, tries: PublishTries, stale: TopicLayout, layout: TopicLayout
     ) -> None:
-        partition = request.last_partition
+        partition = tries.last_partition
         if partition is None:
             return
         before, after = stale.partitions.get(partition), layout.partitions.get(partition)
@@ -817,77 +877,34 @@ class Producer:
                 LogThrottle.note(held, self._log_throttle.interval),
             )
 
-    async def _attempt(
-        self, request: PublishRequest, tries: int, timeout: float
-    ) -> list[PublishResult]:
-        route = await self._route(request)
-        request.last_partition = route.partition
-        conn = self._pool.get_nowait(route.address, route.pool_topic, route.partition)
-        if conn is None:
-            conn = await self._pool.get(route.address, route.pool_topic, route.partition)
-        frame = await self._send(request, route, conn, timeout)
-        return self._results(request, route, frame, tries)
 
-    def _send(
-        self, request: PublishRequest, route: Route, conn: Connection, timeout: float
-    ) -> asyncio.Future[bytes]:
-        """Check, encode and queue one attempt; the future gets nsqd's answer."""
-        self._fit(request, route, route.youzan or conn.youzan)
-        command, data = self._prepare(request, route)
-        return conn.request_future(
-            data, command, timeout=min(timeout, self.connection_config.request_timeout)
-        )
+def _refused(exc: Exception, tries: PublishTries) -> bool:
+    """Whether a publish was refused before anything of it was sent: its arguments (a
+    partition the topic does not have) or what its server cannot take (``delay=`` on youzan),
+    on its first try. Such a publish is no failure in the stats (the reference counts the
+    publishes that raised once sent)."""
+    return tries.count == 1 and isinstance(exc, (ValidationError, UnsupportedFeatureError))
 
-    # ------------------------------------------------------------------ routing
 
-    def _route_now(self, request: PublishRequest) -> Route | None:
-        """The route from what is cached (None when the layout must be fetched first)."""
-        if self._lookup is None:
-            return self._route_classic(request, self._direct_routes)
-        layout = self._lookup.cached(request.topic, "w")
-        if layout is None:
-            return None
-        request.layout = layout
-        return self._route_layout(request, layout)
+def _clock_of(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
+    """The loop's clock; for asyncio's own loops, the function behind it (a call less on a
+    path taken per publish)."""
+    if type(loop).time is asyncio.BaseEventLoop.time:
+        return time.monotonic  # what BaseEventLoop.time() returns
+    return loop.time
 
-    async def _route(self, request: PublishRequest) -> Route:
-        if self._lookup is None:
-            return self._route_classic(request, self._direct_routes)
-        layout = request.layout = await self._lookup.lookup(request.topic, "w")
-        return self._route_layout(request, layout)
 
-    def _target_now(self, request: PublishRequest) -> int | str | None:
-        """The batch lane's target from what is cached (None: it must be looked up)."""
-        if self._lookup is None:
-            return self._router.target(request, None)
-        layout = self._lookup.cached(request.topic, "w")
-        if layout is None:
-            return None
-        request.layout = layout
-        try:
-            return self._router.target(request, layout)
-        except NoWritablePartitionError:
-            return None
-
-    async def _target_retrying(self, request: PublishRequest) -> int | str:
-        """The batch lane's target, looked up within the retry loop (``publish_timeout``)."""
-
-        async def target(tries: int, remaining: float) -> int | str:
-            layout = None
-            if self._lookup is not None:
-                layout = request.layout = await self._lookup.lookup(request.topic, "w")
-            return self._router.target(request, layout)
-
-        deadline = asyncio.get_running_loop().time() + self.publish_timeout
-        try:
-            return await target(1, self.publish_timeout)
-        except NSQError as exc:
-            failure: NSQError = exc
-        try:
-            return await self._retry(request, deadline, failure, target)
-        except Exception:
-            self._stats.failed(1)
-            raise
+async def _by_deadline(awaitable: Awaitable[T], deadline: float, what: str) -> T:
+    """``awaitable``'s outcome, or :class:`NSQTimeoutError` (retriable) once ``deadline``
+    (the loop's time) passes first."""
+    scope = asyncio.timeout_at(deadline)
+    try:
+        async with scope:
+            return await awaitable
+    except TimeoutError:
+        if not scope.expired():
+            raise  # a timeout of its own (an NSQTimeoutError), not the deadline's
+        raise NSQTimeoutError(f"{what}: the publish ran out of time") from None
 
 
 def _describe_target(target: int | str) -> str:

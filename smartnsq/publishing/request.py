@@ -1,65 +1,103 @@
-"""One logical publish (a message or an MPUB batch) across its tries, and the checks and
-conversions of its arguments that the Producer's methods share."""
+"""What a publish asks for (a message or an MPUB batch), as a value, and the checks and
+conversions of the arguments that make one.
+
+A :class:`PublishRequest` never changes once made: the router, the codec and the retry loop
+each return what they decide about it (a route, the bytes to send, the state of the tries in
+:class:`~smartnsq.publishing.tries.PublishTries`) and leave it as it was asked.
+"""
 
 from __future__ import annotations
 
 import json
 import random
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
 
-from smartnsq.errors import ValidationError
-from smartnsq.protocol.lookupd import TopicLayout
-from smartnsq.protocol.validation import MAX_DPUB_DELAY_MS
+from smartnsq.errors import UnsupportedFeatureError, ValidationError
+from smartnsq.protocol.validation import MAX_DPUB_DELAY_MS, check_trace_id, encode_ext
 
-__all__ = ["NO_KEY", "PublishRequest", "delay_to_ms", "ext_with_trace_id", "new_trace_ids"]
+__all__ = [
+    "NO_KEY",
+    "PublishRequest",
+    "batch_extras",
+    "batch_request",
+    "delay_to_ms",
+    "ext_with_trace_id",
+    "message_request",
+    "new_trace_ids",
+]
 
 # No sharding key was given (None cannot say so: it is refused as a key, not ignored).
 NO_KEY: Any = object()
 
+_FIELDS = (
+    "topic",
+    "command",
+    "bodies",
+    "partition",
+    "key",
+    "trace_ids",
+    "exts",
+    "delay_ms",
+    "auto_trace",
+    "address",
+)
+
 
 class PublishRequest:
-    """One logical publish (a message or an MPUB batch) across its tries: what was asked,
-    and what routing decided so far."""
+    """One publish as it was asked: the topic, the bodies (one for PUB, PUB_TRACE, PUB_EXT
+    and DPUB; a batch for the MPUB commands), the command, where it must go (an explicit
+    ``partition``, a sharding ``key``, or the ``address`` of the classic nsqd a batch was
+    grouped for), the trace ids, the encoded ext headers and the DPUB delay.
+    ``auto_trace``: traced by the producer's trace switch, not by the caller (classic nsqd
+    has no tracing, so such a publish goes there untraced).
 
-    __slots__ = (
-        "address",
-        "auto_trace",
-        "avoid",
-        "bodies",
-        "command",
-        "delay_ms",
-        "exts",
-        "key",
-        "last_partition",
-        "layout",
-        "partition",
-        "pinned",
-        "span",
-        "topic",
-        "trace_ids",
-    )
+    A value: its attributes are ``Final`` (mypy refuses any assignment outside
+    ``__init__``), its lists are never modified, and two requests with the same fields are
+    equal. Not a frozen dataclass nor a named tuple: one is made per publish, and those cost
+    a tenth of a publish's own work (a frozen dataclass sets each field through
+    ``object.__setattr__``; a named tuple is built by a Python ``__new__``).
+    """
 
-    def __init__(self, topic: str, command: str, bodies: list[bytes]) -> None:
-        self.topic = topic
-        self.command = command
-        self.bodies = bodies
-        self.partition: int | None = None
-        self.key: Any = NO_KEY
-        self.trace_ids: list[int] | None = None
-        self.exts: list[bytes | None] | None = None
-        self.delay_ms: int | None = None
-        # Partitions that failed this publish: an unkeyed retry goes elsewhere.
-        self.avoid: set[int] = set()
-        # A keyed publish keeps the partition of its first routing, whatever happens.
-        self.pinned: int | None = None
-        self.last_partition: int | None = None
-        # The layout the last try was routed in: a retry waits for a different one.
-        self.layout: TopicLayout | None = None
-        # Traced because of the producer's trace switch (not an explicit trace_id): classic
-        # nsqd has no PUB_TRACE, so such publishes fall back to plain PUB there.
-        self.auto_trace = False
-        self.span: Any = None
-        self.address: str | None = None  # classic batches stay on their nsqd
+    __slots__ = _FIELDS
+
+    def __init__(
+        self,
+        topic: str,
+        command: str,
+        bodies: list[bytes],
+        partition: int | None = None,
+        key: Any = NO_KEY,
+        trace_ids: list[int] | None = None,
+        exts: list[bytes | None] | None = None,
+        delay_ms: int | None = None,
+        auto_trace: bool = False,
+        address: str | None = None,
+    ) -> None:
+        self.topic: Final = topic
+        self.command: Final = command
+        self.bodies: Final = bodies
+        self.partition: Final = partition
+        self.key: Final = key
+        self.trace_ids: Final = trace_ids
+        self.exts: Final = exts
+        self.delay_ms: Final = delay_ms
+        self.auto_trace: Final = auto_trace
+        self.address: Final = address
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in _FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PublishRequest):
+            return NotImplemented
+        return self._values() == other._values()
+
+    __hash__ = None  # type: ignore[assignment]  # its lists make it unhashable
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in _FIELDS)
+        return f"PublishRequest({shown})"
 
     @property
     def batch(self) -> bool:
@@ -69,6 +107,98 @@ class PublishRequest:
     def movable(self) -> bool:
         """Neither a partition nor a key binds it: any writable partition will do."""
         return self.partition is None and self.key is NO_KEY
+
+
+def message_request(
+    topic: str,
+    body: bytes,
+    *,
+    partition: int | None = None,
+    key: Any = NO_KEY,
+    trace_id: int | None = None,
+    ext: Mapping[str, Any] | None = None,
+    delay: float | None = None,
+    switched_trace_id: Callable[[], int] | None = None,
+) -> PublishRequest:
+    """The request of ``publish()`` (``body``, ``partition`` and ``key`` checked already):
+    PUB_TRACE with a ``trace_id``, PUB_EXT with an ``ext`` header (carrying the trace id as
+    ``##trace_id`` when there is one), DPUB with a ``delay``. ``switched_trace_id`` (the trace
+    switch is on for the topic) gives the trace id of a publish that names none and has no
+    delay."""
+    trace_ids: list[int] | None = None
+    auto_trace = False
+    command = "PUB"
+    if trace_id is not None:
+        trace_ids = [check_trace_id(trace_id)]
+        command = "PUB_TRACE"
+    elif delay is None and switched_trace_id is not None:
+        trace_ids = [switched_trace_id()]
+        command = "PUB_TRACE"
+        auto_trace = True
+    exts: list[bytes | None] | None = None
+    if ext is not None:
+        encoded = encode_ext(ext)
+        if trace_ids is not None:
+            # PUB_EXT carries a trace id in its header (and is answered with a receipt)
+            encoded, trace = ext_with_trace_id(encoded, trace_ids[0], auto_trace)
+            trace_ids = [trace]
+        exts = [encoded]
+        command = "PUB_EXT"
+    delay_ms = None
+    if delay is not None:
+        if trace_id is not None or ext is not None:
+            raise UnsupportedFeatureError("delay cannot be combined with trace_id or ext")
+        delay_ms = delay_to_ms(delay)
+        command = "DPUB"
+    return PublishRequest(
+        topic, command, [body], partition, key, trace_ids, exts, delay_ms, auto_trace
+    )
+
+
+def batch_extras(
+    count: int,
+    *,
+    trace: bool = False,
+    trace_ids: Sequence[int] | None = None,
+    exts: Sequence[Mapping[str, Any] | None] | None = None,
+    switched: bool = False,
+) -> tuple[list[int] | None, list[bytes | None] | None, bool]:
+    """The trace ids and encoded ext headers of a batch of ``count`` messages
+    (``publish_many``'s ``trace``, ``trace_ids`` and ``exts``; ``switched``: the trace switch
+    is on for the topic), checked, and whether the trace ids came from the switch."""
+    ids: list[int] | None = None
+    if trace_ids is not None:
+        if len(trace_ids) != count:
+            raise ValidationError("trace_ids", f"{len(trace_ids)} trace ids for {count} bodies")
+        ids = [check_trace_id(t) for t in trace_ids]
+    if exts is not None:
+        if ids is not None or trace:
+            raise UnsupportedFeatureError("MPUB cannot carry both trace ids and ext headers")
+        if len(exts) != count:
+            raise ValidationError("exts", f"{len(exts)} ext headers for {count} bodies")
+        return None, [None if e is None else encode_ext(e) for e in exts], False
+    auto = switched and not trace and ids is None
+    if ids is None and (trace or auto):
+        ids = new_trace_ids(count)
+    return ids, None, auto
+
+
+def batch_request(
+    topic: str,
+    bodies: list[bytes],
+    *,
+    partition: int | None = None,
+    key: Any = NO_KEY,
+    address: str | None = None,
+    trace_ids: list[int] | None = None,
+    exts: list[bytes | None] | None = None,
+    auto_trace: bool = False,
+) -> PublishRequest:
+    """An MPUB request: MPUB_EXT with ext headers, MPUB_TRACE with trace ids."""
+    command = "MPUB_EXT" if exts is not None else "MPUB" if trace_ids is None else "MPUB_TRACE"
+    return PublishRequest(
+        topic, command, bodies, partition, key, trace_ids, exts, None, auto_trace, address
+    )
 
 
 def delay_to_ms(delay: float) -> int:

@@ -3,7 +3,10 @@ round-robin over the writable partitions; on classic nsqd, one of the nsqd nodes
 
 Given a topic's layout (or, in direct mode, the nsqd addresses), a sharder and the
 round-robin counters, :class:`Router` returns a :class:`Route`: the address, the partition and
-the key of the pooled connection to publish on.
+the key of the pooled connection to publish on. It decides and stores nothing about a publish:
+what the tries so far mean for the next (the partitions that failed, the partition a keyed
+publish is pinned to) comes in as arguments. What a server cannot take is the codec's to
+refuse (:mod:`smartnsq.publishing.wire`), once it is known where a publish goes.
 """
 
 from __future__ import annotations
@@ -11,15 +14,11 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
-from smartnsq.errors import (
-    NoWritablePartitionError,
-    NSQError,
-    UnsupportedFeatureError,
-    ValidationError,
-)
+from smartnsq.errors import NoWritablePartitionError, NSQError, ValidationError
 from smartnsq.protocol.lookupd import TopicLayout
 from smartnsq.publishing.request import NO_KEY, PublishRequest
 from smartnsq.routing.sharding import Sharder
@@ -105,14 +104,23 @@ class Router:
             table = self._tables[topic] = RouteTable(layout, topic)
         return table
 
-    def route(self, request: PublishRequest, layout: TopicLayout) -> Route:
-        """The route of ``request`` in ``layout`` (fetched for writing)."""
+    def route(
+        self,
+        request: PublishRequest,
+        layout: TopicLayout,
+        avoid: AbstractSet[int] = frozenset(),
+        pinned: int | None = None,
+    ) -> Route:
+        """The route of ``request`` in ``layout`` (fetched for writing). An unkeyed publish
+        goes round-robin over the writable partitions, skipping those in ``avoid`` (they
+        failed it) while another is writable; a keyed or explicit-partition one goes to the
+        partition it is ``pinned`` to (see :meth:`pin`; computed here when None)."""
         table = self._tables.get(request.topic)
         if table is None or table.layout is not layout:
             table = self._tables[request.topic] = RouteTable(layout, request.topic)
         if table.classic:
             return self.route_classic(request, table.classic_routes)
-        return self._route_youzan(request, table)
+        return self._route_youzan(request, table, avoid, pinned)
 
     def route_classic(self, request: PublishRequest, routes: Sequence[Route]) -> Route:
         """One of the classic nsqd ``routes``: the batch's own, the key's, or round-robin."""
@@ -125,65 +133,54 @@ class Router:
         else:
             index = next(self._counter(request.topic)) % len(routes)
         route = routes[index]
-        if request.partition is not None:  # refused later, with the nsqd's address
+        if request.partition is not None:  # refused by the codec, with the nsqd's address
             return Route(route.address, request.partition, False, False, ANY_TOPIC)
         return route
 
-    def _route_youzan(self, request: PublishRequest, table: RouteTable) -> Route:
-        if (
-            request.movable
-            and not request.avoid
-            and request.command != "DPUB"
-            and (request.exts is None or table.ext_topic)
-            and table.unkeyed
-        ):
-            # The common case: round-robin over the writable partitions.
-            unkeyed = table.unkeyed
+    def _route_youzan(
+        self,
+        request: PublishRequest,
+        table: RouteTable,
+        avoid: AbstractSet[int],
+        pinned: int | None,
+    ) -> Route:
+        unkeyed = table.unkeyed
+        if request.partition is None and request.key is NO_KEY:
+            if avoid:
+                unkeyed = [r for r in unkeyed if r.partition not in avoid] or unkeyed
+            if not unkeyed:
+                raise NoWritablePartitionError(f"topic {request.topic!r} has no writable partition")
             return unkeyed[next(self._counter(request.topic)) % len(unkeyed)]
-        ext_topic = table.ext_topic
-        if request.command == "DPUB":
-            raise UnsupportedFeatureError(
-                "youzan nsqd has no deferred publish (DPUB); delay consumption with a requeue "
-                "delay instead"
+        partition = self._pin(request, table) if pinned is None else pinned
+        route = table.by_partition.get(partition)
+        if route is None:
+            raise NoWritablePartitionError(
+                f"partition {partition} of {request.topic!r} has no writable leader now"
             )
-        if request.exts is not None and not ext_topic:
-            raise UnsupportedFeatureError(
-                f"topic {request.topic!r} is not an ext topic (created without extend=true); "
-                "it cannot carry ext headers"
-            )
-        if request.partition is not None or request.key is not NO_KEY:
-            route = table.by_partition.get(self._pin(request, table))
-            if route is None:
-                raise NoWritablePartitionError(
-                    f"partition {request.pinned} of {request.topic!r} has no writable leader now"
-                )
-            return route
-        candidates = [r for r in table.unkeyed if r.partition not in request.avoid]
-        candidates = candidates or table.unkeyed
-        if not candidates:
-            raise NoWritablePartitionError(f"topic {request.topic!r} has no writable partition")
-        return candidates[next(self._counter(request.topic)) % len(candidates)]
+        return route
+
+    def pin(self, request: PublishRequest, layout: TopicLayout) -> int | None:
+        """The partition a keyed or explicit-partition publish is bound to for all its tries,
+        fixed at its first routing (it needs the partition count only, not a writable leader);
+        None for an unkeyed publish and on classic nsqd, where nothing is pinned."""
+        if request.movable:
+            return None
+        table = self.table(request.topic, layout)
+        return None if table.classic else self._pin(request, table)
 
     def _pin(self, request: PublishRequest, table: RouteTable) -> int:
-        """The partition a keyed or explicit-partition publish is bound to, fixed at its first
-        routing: it needs the partition count only, not a writable leader."""
-        if request.pinned is None:
-            partition_num = table.partition_num
-            if request.partition is not None:
-                if partition_num and request.partition >= partition_num:
-                    raise ValidationError(
-                        "partition",
-                        f"topic {request.topic!r} has {partition_num} partitions, "
-                        f"got {request.partition}",
-                    )
-                request.pinned = request.partition
-            else:
-                if partition_num <= 0:
-                    raise NoWritablePartitionError(
-                        f"topic {request.topic!r}: partition count unknown"
-                    )
-                request.pinned = self.sharder.partition_for(request.key, partition_num)
-        return request.pinned
+        partition_num = table.partition_num
+        if request.partition is not None:
+            if partition_num and request.partition >= partition_num:
+                raise ValidationError(
+                    "partition",
+                    f"topic {request.topic!r} has {partition_num} partitions, "
+                    f"got {request.partition}",
+                )
+            return request.partition
+        if partition_num <= 0:
+            raise NoWritablePartitionError(f"topic {request.topic!r}: partition count unknown")
+        return self.sharder.partition_for(request.key, partition_num)
 
     def target(self, request: PublishRequest, layout: TopicLayout | None) -> int | str:
         """Where a keyed or explicit-partition publish goes, known without a writable leader:
@@ -196,11 +193,13 @@ class Router:
             return self.route_classic(request, table.classic_routes).address
         return self._pin(request, table)
 
-    def routable(self, request: PublishRequest, layout: TopicLayout | None) -> bool:
+    def routable(
+        self, request: PublishRequest, layout: TopicLayout | None, pinned: int | None = None
+    ) -> bool:
         """Whether ``layout`` has somewhere for ``request`` to go now: a writable leader of its
-        partition (keyed or explicit), any writable partition (unkeyed), any nsqd (classic).
-        A publish that routing refuses for another reason (bad input) counts as routable: its
-        next try raises that. No round-robin turn is taken."""
+        partition (keyed or explicit; ``pinned`` as for :meth:`route`), any writable partition
+        (unkeyed), any nsqd (classic). A publish that routing refuses for another reason (bad
+        input) counts as routable: its next try raises that. No round-robin turn is taken."""
         if layout is None:
             return bool(self.direct_routes)
         table = self.table(request.topic, layout)
@@ -209,11 +208,12 @@ class Router:
         if request.movable:
             return bool(table.unkeyed)
         try:
-            return self._pin(request, table) in table.by_partition
+            partition = self._pin(request, table) if pinned is None else pinned
         except NoWritablePartitionError:
             return False
         except NSQError:
             return True
+        return partition in table.by_partition
 
     def _counter(self, topic: str) -> itertools.count[int]:
         counter = self._counters.get(topic)

@@ -22,7 +22,9 @@ class ProducerStats:
     publishes: int = 0  # publishes acknowledged (an MPUB counts once)
     published_bytes: int = 0  # body bytes of the acknowledged messages
     retries: int = 0  # tries after a publish's first (failovers, lost connections...)
-    failures: int = 0  # publishes that raised once they were sent or routed
+    # publishes that raised once sent (routing, connecting and waiting for a leader count as
+    # sending): not those refused before, for their arguments or a feature their server lacks
+    failures: int = 0
     failed_messages: int = 0  # the messages of those publishes
     connections: int = 0  # open publishing connections, when the snapshot was taken
     per_partition: dict[int | None, int] = field(default_factory=dict)  # messages; None: classic

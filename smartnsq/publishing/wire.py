@@ -1,5 +1,6 @@
-"""A publish on the wire (pure, no I/O): which command the server can take, the request as
-bytes, and nsqd's answer as :class:`PublishResult` values.
+"""A publish on the wire (pure, no I/O): which command the server can take (and what it
+refuses), the request as bytes, and nsqd's answer as :class:`PublishResult` values. The
+request is never changed: each step returns what it decided.
 
 Two caches keep the hot path short: the head of a PUB to one (topic, partition) is encoded
 once, and a plain ``OK`` to one (topic, partition, address) is answered with the same
@@ -60,41 +61,59 @@ class PublishCodec:
     # ------------------------------------------------------------------ what the server takes
 
     @staticmethod
-    def fit(request: PublishRequest, route: Route, youzan: bool) -> None:
-        """Adapt ``request`` to the server of ``route`` (``youzan`` says whether it is one):
-        a publish traced only by the trace switch goes untraced to classic nsqd; what the
-        server cannot take raises :class:`UnsupportedFeatureError`."""
-        if request.auto_trace and not youzan:
-            request.command = "MPUB" if request.batch else "PUB"  # classic nsqd: no tracing
-            request.trace_ids = None
-            request.auto_trace = False
-        if youzan and request.command == "DPUB":
-            raise UnsupportedFeatureError("youzan nsqd has no deferred publish (DPUB)")
-        if not youzan and request.command not in ("PUB", "MPUB", "DPUB"):
+    def fit(request: PublishRequest, route: Route, youzan: bool) -> tuple[str, list[int] | None]:
+        """The command and trace ids that the server of ``route`` takes for ``request``
+        (``youzan`` says whether it is a youzan nsqd): a publish traced only by the trace
+        switch goes untraced to classic nsqd. Every refusal of what a server cannot take lives
+        here: it raises :class:`UnsupportedFeatureError`, before anything is sent."""
+        command, trace_ids = request.command, request.trace_ids
+        if youzan:
+            if command == "DPUB":
+                raise UnsupportedFeatureError(
+                    "youzan nsqd has no deferred publish (DPUB); delay consumption with a "
+                    "requeue delay instead"
+                )
+            if request.exts is not None and route.youzan and not route.ext_topic:
+                raise UnsupportedFeatureError(
+                    f"topic {request.topic!r} is not an ext topic (created without "
+                    "extend=true); it cannot carry ext headers"
+                )
+            return command, trace_ids
+        if request.auto_trace:
+            command, trace_ids = ("MPUB" if request.batch else "PUB"), None
+        if command not in ("PUB", "MPUB", "DPUB"):
             feature = "ext headers" if request.exts is not None else "trace ids"
             raise UnsupportedFeatureError(f"classic nsqd {route.address} has no {feature}")
-        if not youzan and request.partition is not None:
+        if request.partition is not None:
             raise UnsupportedFeatureError(f"classic nsqd {route.address} has no partitions")
+        return command, trace_ids
 
     # ------------------------------------------------------------------ requests
 
-    def prepare(self, request: PublishRequest, route: Route) -> tuple[str, bytes]:
-        """The command and bytes of one attempt. On ext topics, a recording span travels in
-        the ext header (W3C traceparent): the message goes as PUB_EXT."""
-        span = request.span
+    def prepare(
+        self, request: PublishRequest, route: Route, youzan: bool, span: Any = None
+    ) -> tuple[str, bytes, list[int] | None]:
+        """One try of ``request`` on ``route`` (``youzan``: its server is a youzan nsqd): the
+        command, its bytes and the trace ids they carry (see :meth:`fit`). On ext topics, a
+        recording ``span`` travels in the ext header (W3C traceparent): the message goes as
+        PUB_EXT."""
+        if request.command == "PUB" and span is None and (youzan or request.partition is None):
+            # The common case, which every server takes: nothing to fit, the head cached.
+            return "PUB", self._pub(request.topic, route.partition, request.bodies[0]), None
+        command, trace_ids = self.fit(request, route, youzan)
         if (
-            route.ext_topic
-            and span is not None
+            span is not None
+            and route.ext_topic
             and self._inject is not None
+            and command in _SINGLE
             and span.is_recording()
-            and request.command in _SINGLE
         ):
             header: dict[str, Any] = {}
             if request.exts is not None and request.exts[0]:
                 header.update(json.loads(request.exts[0]))
             self._inject(header, span)
-            if request.trace_ids is not None:
-                header["##trace_id"] = str(request.trace_ids[0])
+            if trace_ids is not None:
+                header["##trace_id"] = str(trace_ids[0])
             data = commands.pub_ext(
                 request.topic,
                 request.bodies[0],
@@ -102,25 +121,36 @@ class PublishCodec:
                 route.partition,
                 max_msg_size=self.max_msg_size,
             )
-            return "PUB_EXT", data
-        return request.command, self.encode(request, route.partition)
+            return "PUB_EXT", data, trace_ids
+        return command, self.encode(request, route.partition, command, trace_ids), trace_ids
 
-    def encode(self, request: PublishRequest, partition: int | None) -> bytes:
-        """``request`` as the bytes of its command, to ``partition``."""
+    def _pub(self, topic: str, partition: int | None, body: bytes) -> bytes:
+        # the body was checked by publish(); the head is the same for every PUB here
+        head = self._pub_heads.get((topic, partition))
+        if head is None:
+            head = commands.pub_head(topic, partition)
+            if len(self._pub_heads) < _CACHE_LIMIT:
+                self._pub_heads[(topic, partition)] = head
+        return commands.pub_with_head(head, body)
+
+    def encode(
+        self,
+        request: PublishRequest,
+        partition: int | None,
+        command: str | None = None,
+        trace_ids: list[int] | None = None,
+    ) -> bytes:
+        """``request`` as the bytes of ``command`` with ``trace_ids`` (by default its own
+        command and trace ids), to ``partition``."""
         topic = request.topic
         bodies = request.bodies
-        command = request.command
+        if command is None:
+            command, trace_ids = request.command, request.trace_ids
         limits = {"max_msg_size": self.max_msg_size}
         if command == "PUB":
-            # the body was checked by publish(); the head is the same for every PUB here
-            head = self._pub_heads.get((topic, partition))
-            if head is None:
-                head = commands.pub_head(topic, partition)
-                if len(self._pub_heads) < _CACHE_LIMIT:
-                    self._pub_heads[(topic, partition)] = head
-            return commands.pub_with_head(head, bodies[0])
-        if command == "PUB_TRACE" and request.trace_ids is not None:
-            return commands.pub_trace(topic, bodies[0], request.trace_ids[0], partition, **limits)
+            return self._pub(topic, partition, bodies[0])
+        if command == "PUB_TRACE" and trace_ids is not None:
+            return commands.pub_trace(topic, bodies[0], trace_ids[0], partition, **limits)
         if command == "PUB_EXT" and request.exts is not None:
             ext = request.exts[0]
             return commands.pub_ext(topic, bodies[0], ext or b"{}", partition, **limits)
@@ -130,10 +160,10 @@ class PublishCodec:
             # bodies checked by publish_many() or, batched, by publish() and the batcher
             head = commands.mpub_head(topic, partition)
             return commands.mpub_with_head(head, bodies, self.max_body_size)
-        if command == "MPUB_TRACE" and request.trace_ids is not None:
+        if command == "MPUB_TRACE" and trace_ids is not None:
             # checked again: a trace id takes 8 bytes of each message's max_msg_size
             batch_limits = {**limits, "max_body_size": self.max_body_size}
-            return commands.mpub_trace(topic, bodies, request.trace_ids, partition, **batch_limits)
+            return commands.mpub_trace(topic, bodies, trace_ids, partition, **batch_limits)
         if command == "MPUB_EXT" and request.exts is not None:
             # bodies checked and ext headers encoded by publish_many()
             head = commands.mpub_ext_head(topic, partition)
@@ -143,9 +173,15 @@ class PublishCodec:
     # ------------------------------------------------------------------ answers
 
     def results(
-        self, request: PublishRequest, route: Route, frame: bytes, tries: int
+        self,
+        request: PublishRequest,
+        route: Route,
+        frame: bytes,
+        tries: int,
+        trace_ids: list[int] | None = None,
     ) -> list[PublishResult]:
-        """nsqd's answer ``frame`` to the ``tries``-th attempt: one result per message."""
+        """nsqd's answer ``frame`` to the ``tries``-th try, which sent ``trace_ids`` (None:
+        the request's own): one result per message."""
         topic, partition, address = request.topic, route.partition, route.address
         if frame == OK:
             if tries == 1:
@@ -178,7 +214,7 @@ class PublishCodec:
         # and are given only when they add up to the receipt's size.
         sizes = [DISK_OVERHEAD + (1 if route.ext_topic else 0) + len(b) for b in request.bodies]
         exact = sum(sizes) == receipt.size
-        trace_ids = request.trace_ids or [0] * len(request.bodies)
+        trace_ids = trace_ids or request.trace_ids or [0] * len(request.bodies)
         results = []
         offset = receipt.offset
         for i, size in enumerate(sizes):

@@ -108,7 +108,7 @@ async def _publish_task(
     published = Published()
     loop = asyncio.get_running_loop()
     async with Producer(**options.producer_arguments()) as producer:
-        limit = producer.max_body_size
+        limit = producer.options.max_body_size
         # Read the next batch from Spark in a thread while this one is published.
         upcoming = loop.run_in_executor(None, next, batches, None)
         while True:

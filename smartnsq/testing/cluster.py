@@ -19,7 +19,7 @@ import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from smartnsq.errors import ValidationError
 from smartnsq.protocol.validation import MAX_BODY_SIZE, MAX_MSG_SIZE
@@ -37,6 +37,41 @@ from smartnsq.testing.topology import TopicRefused, Topology
 __all__ = ["Cluster", "ClusterError"]
 
 log = logging.getLogger("smartnsq.testing")
+
+
+T = TypeVar("T")
+
+
+class _Forwarded(Generic[T]):
+    """An attribute of the cluster that is one of its parts' (the directory's or the
+    topology's), of the same name: read there, and written there when ``writable``. A unit
+    test (test_forwarding) holds each to its part, so a rename cannot leave it behind."""
+
+    def __init__(self, part: str, doc: str, *, writable: bool = False) -> None:
+        self.part = part
+        self.writable = writable
+        self.__doc__ = doc
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, cluster: None, owner: type) -> _Forwarded[T]: ...
+
+    @overload
+    def __get__(self, cluster: Cluster, owner: type) -> T: ...
+
+    def __get__(self, cluster: Cluster | None, owner: type) -> T | _Forwarded[T]:
+        if cluster is None:
+            return self
+        value: T = getattr(getattr(cluster, self.part), self.name)
+        return value
+
+    def __set__(self, cluster: Cluster, value: T) -> None:
+        if not self.writable:
+            raise AttributeError(f"Cluster.{self.name} cannot be set")
+        setattr(getattr(cluster, self.part), self.name, value)
 
 
 class Cluster:
@@ -161,77 +196,40 @@ class Cluster:
 
     # ------------------------------------------------------------------ settings and state
 
-    @property
-    def classic(self) -> bool:
-        """A classic nsqd cluster (else youzan HA)."""
-        return self._topology.classic
-
-    @property
-    def host(self) -> str:
-        """Where every server listens."""
-        return self._directory.host
-
-    @property
-    def local_host(self) -> str:
-        """Where clients on this machine connect: ``host``, or loopback for a wildcard."""
-        return self._directory.local_host
-
-    @property
-    def broadcast_address(self) -> str:
-        """What the nsqlookupds announce for every nsqd and for themselves."""
-        return self._directory.broadcast_address
-
-    @property
-    def hostname(self) -> str:
-        """The machine's name, as nsqd's ``/info`` reports it."""
-        return self._directory.hostname
-
-    @property
-    def registrations(self) -> int:
-        """How many times an nsqd registered with the nsqlookupds (each start counts)."""
-        return self._directory.registrations
-
-    @property
-    def failover_delay(self) -> float:
-        """Seconds before a live replica takes over the partitions of a stopped leader."""
-        return self._topology.failover_delay
-
-    @failover_delay.setter
-    def failover_delay(self, seconds: float) -> None:
-        self._topology.failover_delay = seconds
-
-    @property
-    def allow_write_with_no_channels(self) -> bool:
-        """Write lookups also name partitions without channels."""
-        return self._directory.allow_write_with_no_channels
-
-    @allow_write_with_no_channels.setter
-    def allow_write_with_no_channels(self, allow: bool) -> None:
-        self._directory.allow_write_with_no_channels = allow
-
-    @property
-    def write_disabled(self) -> str:
-        """nsqlookupd's ``/disable/write`` state: "all", "ordered" or "" (see
-        :meth:`disable_write`)."""
-        return self._directory.write_disabled
-
-    @write_disabled.setter
-    def write_disabled(self, kind: str) -> None:
-        self._directory.write_disabled = kind
-
-    @property
-    def record_deliveries(self) -> bool:
-        """Channels created from now on keep a :class:`ChannelRecord`."""
-        return self._topology.record_deliveries
-
-    @record_deliveries.setter
-    def record_deliveries(self, record: bool) -> None:
-        self._topology.record_deliveries = record
-
-    @property
-    def topics(self) -> dict[str, Topic]:
-        """Every youzan topic, by name."""
-        return self._topology.topics
+    # Attributes of the cluster's parts, of the same names (see _Forwarded).
+    classic = _Forwarded[bool]("_topology", "A classic nsqd cluster (else youzan HA).")
+    host = _Forwarded[str]("_directory", "Where every server listens.")
+    local_host = _Forwarded[str](
+        "_directory", "Where clients on this machine connect: ``host``, or loopback for a wildcard."
+    )
+    broadcast_address = _Forwarded[str](
+        "_directory", "What the nsqlookupds announce for every nsqd and for themselves."
+    )
+    hostname = _Forwarded[str]("_directory", "The machine's name, as nsqd's ``/info`` reports it.")
+    registrations = _Forwarded[int](
+        "_directory",
+        "How many times an nsqd registered with the nsqlookupds (each start counts).",
+    )
+    failover_delay = _Forwarded[float](
+        "_topology",
+        "Seconds before a live replica takes over the partitions of a stopped leader.",
+        writable=True,
+    )
+    allow_write_with_no_channels = _Forwarded[bool](
+        "_directory", "Write lookups also name partitions without channels.", writable=True
+    )
+    write_disabled = _Forwarded[str](
+        "_directory",
+        'nsqlookupd\'s ``/disable/write`` state: "all", "ordered" or "" (see '
+        ":meth:`disable_write`).",
+        writable=True,
+    )
+    record_deliveries = _Forwarded[bool](
+        "_topology",
+        "Channels created from now on keep a :class:`ChannelRecord`.",
+        writable=True,
+    )
+    topics = _Forwarded[dict[str, Topic]]("_topology", "Every youzan topic, by name.")
 
     # ------------------------------------------------------------------ lifecycle
 

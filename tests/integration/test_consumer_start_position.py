@@ -11,6 +11,8 @@ nsqd does.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from smartnsq.consumer.consumer import Consumer
@@ -72,7 +74,10 @@ async def test_every_message_carries_its_queue_offset_and_partition() -> None:
         assert second.offset == first.offset + first.raw_size  # the queue chain
 
 
-async def test_start_replays_what_the_channel_had_finished_once_per_partition() -> None:
+# start="earliest", as Kafka users write it, is StartPosition.earliest(): it was accepted,
+# then the subscription failed and retried forever in the background.
+@pytest.mark.parametrize("start", [StartPosition.earliest(), "earliest"], ids=["position", "name"])
+async def test_start_replays_what_the_channel_had_finished_once_per_partition(start: Any) -> None:
     """``start=earliest``: the channel is moved back on each partition's leader when the
     consumer first subscribes, and only then (a reconnection does not move it again)."""
     async with Cluster(nodes=1) as cluster:
@@ -90,7 +95,7 @@ async def test_start_replays_what_the_channel_had_finished_once_per_partition() 
             "c",
             lookupd=[cluster.lookupd_url],
             handler=lambda m: again.append(m.body),
-            start=StartPosition.earliest(),
+            start=start,
             reconnect_backoff=FAST,
         )
         async with consumer:

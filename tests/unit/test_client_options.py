@@ -9,7 +9,9 @@ import pytest
 
 from smartnsq.client.options import ClientOptions
 from smartnsq.consumer.consumer import Consumer
+from smartnsq.consumer.options import ConsumerOptions
 from smartnsq.errors import ValidationError
+from smartnsq.producer.options import ProducerOptions
 from smartnsq.producer.producer import Producer
 
 LOOKUPD = {"lookupd": ["http://127.0.0.1:4161"]}
@@ -38,14 +40,18 @@ def test_both_clients_refuse_the_same_options(
 
 
 def test_the_options_are_kept_and_build_the_connection_settings() -> None:
-    options = ClientOptions(**LOOKUPD, heartbeat_interval=5.0, client_id="me", compression="snappy")
-    config = options.connection_config(msg_timeout=30.0)
+    options = ConsumerOptions(
+        **LOOKUPD, heartbeat_interval=5.0, client_id="me", compression="snappy", msg_timeout=30.0
+    )
+    config = options.connection_config
     assert (config.heartbeat_interval, config.client_id, config.compression) == (
         5.0,
         "me",
         "snappy",
     )
     assert config.msg_timeout == 30.0
+    assert ProducerOptions(**LOOKUPD, request_timeout=3.0).connection_config.request_timeout == 3
+    assert ClientOptions(**LOOKUPD).connection_config.request_timeout == 10.0
     targets = options.targets()
     assert targets.nsqd == []
     assert targets.lookup is not None

@@ -1,11 +1,13 @@
 """Consumer arguments are checked when the Consumer is created, not when first used."""
 
 import math
+from typing import Any
 
 import pytest
 
 from smartnsq import Consumer
 from smartnsq.errors import ValidationError
+from smartnsq.protocol.commands import StartPosition
 
 NSQD = ["127.0.0.1:4150"]
 
@@ -48,3 +50,85 @@ def test_defaults_follow_the_mode() -> None:
     assert plain.max_in_flight == 1  # one per subscription: none yet
     plain.set_max_in_flight(7)
     assert plain.max_in_flight == 7
+
+
+# Arguments that were accepted, then failed in the background (the subscription retried
+# forever) or deep inside with a TypeError; each is refused when the Consumer is made.
+UNCHECKED: list[tuple[str, object]] = [
+    ("start", "bogus"),
+    ("start", 5),
+    ("start", "offset:5"),  # StartPosition.parse reads it; start= takes positions, not text
+    ("msg_timeout", 0),
+    ("msg_timeout", 0.5),
+    ("msg_timeout", -1),
+    ("msg_timeout", "5"),
+    ("msg_timeout", math.nan),
+    ("msg_timeout", True),
+    ("backoff", "yes"),
+    ("backoff", 1),
+    ("backoff", None),
+    ("ordered", "yes"),
+    ("ordered", 1),
+    ("ordered_give_up", "yes"),
+    ("raise_on_order_violation", "yes"),
+    ("skip_replays", "yes"),
+    ("partitions", 5),
+    ("partitions", "01"),
+    ("on_giving_up", 5),
+    ("dead_letter_path", 5),
+    ("desired_tag", 5),
+    ("desired_tag", "x" * 200),
+    ("heartbeat_interval", "5"),
+    ("heartbeat_interval", math.nan),
+    ("connect_timeout", math.nan),
+    ("connect_timeout", math.inf),
+    ("low_rdy_idle_timeout", 0),
+    ("low_rdy_idle_timeout", math.nan),
+    ("low_rdy_timeout", -1),
+    ("low_rdy_timeout", "5"),
+    ("reconnect_backoff", 5),
+    ("handler_threads", 0),
+    ("handler_threads", 1.5),
+    ("handler_threads", True),
+    ("lookup_manager", 5),
+    ("tls", "yes"),
+    ("auth_secret", 5),
+    ("client_id", 5),
+    ("user_agent", 5),
+    ("tracer_provider", 5),
+    ("meter_provider", 5),
+]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), UNCHECKED, ids=[f"{f}={v!r}"[:40] for f, v in UNCHECKED]
+)
+def test_every_argument_is_checked_when_the_consumer_is_made(field: str, value: object) -> None:
+    with pytest.raises(ValidationError) as info:
+        Consumer("t", "c", lookupd=["127.0.0.1:4161"], **{field: value})  # type: ignore[arg-type]
+    assert info.value.field == field
+
+
+def test_a_bad_start_names_start_position() -> None:
+    with pytest.raises(ValidationError, match=r"StartPosition\.earliest\(\)"):
+        Consumer("t", "c", lookupd=["127.0.0.1:4161"], start="first")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("start", "position"),
+    [
+        ("earliest", StartPosition.earliest()),
+        ("latest", StartPosition.latest()),
+        (StartPosition.message_count(3), StartPosition.message_count(3)),
+        (None, None),
+    ],
+)
+def test_the_named_positions_are_start_positions(start: Any, position: object) -> None:
+    consumer = Consumer("t", "c", lookupd=["127.0.0.1:4161"], start=start)
+    assert consumer.options.start == position
+    assert consumer.options.start_position == position
+
+
+def test_a_msg_timeout_in_range_is_kept() -> None:
+    consumer = Consumer("t", "c", lookupd=["127.0.0.1:4161"], msg_timeout=30)
+    assert consumer.options.connection_config.msg_timeout == 30

@@ -30,6 +30,7 @@ from smartnsq.flow.delivery import (
     Decision,
     Delivery,
     DeliveryLedger,
+    DeliveryOptions,
     Lane,
 )
 from smartnsq.flow.rdy import RdyController
@@ -49,7 +50,7 @@ def _ledger(**options: Any) -> DeliveryLedger[Lane]:
     backoff = options.pop("backoff", None)
     budget = options.pop("max_in_flight", 10)
     rdy: RdyController[Lane] = RdyController(budget, clock=Clock(), backoff=backoff)
-    return DeliveryLedger(rdy, **options)
+    return DeliveryLedger(rdy, DeliveryOptions(**options))
 
 
 def _delivery(
@@ -463,7 +464,7 @@ class LedgerMachine(RuleBasedStateMachine):
         ledger = self.ledger
         key = data.draw(st.sampled_from(sorted(self.running)))
         message = self.running.pop(key)
-        if ledger.iterating:
+        if ledger.options.iterating:
             # the iterator's user answers; the turn ends with the answer
             if outcome == "hand back":
                 self._apply(ledger.hand_back(message), message)
@@ -504,7 +505,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def lose(self, data: st.DataObject) -> None:
         lane = data.draw(st.sampled_from(list(self.ledger.lanes)))
         self._apply(self.ledger.lose(lane))
-        if self.ledger.iterating:  # released to the iterator, never taken: dropped too
+        if self.ledger.options.iterating:  # released to the iterator, never taken: dropped too
             unclaimed = [k for k, m in self.running.items() if m.lane is lane]
             self.ledger.drop_unclaimed(self.running.pop(k) for k in unclaimed)
 

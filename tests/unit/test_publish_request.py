@@ -4,25 +4,40 @@ import json
 
 import pytest
 
-from smartnsq.errors import ValidationError
+from smartnsq.errors import UnsupportedFeatureError, ValidationError
 from smartnsq.protocol.validation import MAX_DPUB_DELAY_MS
 from smartnsq.publishing.request import (
     NO_KEY,
     PublishRequest,
+    batch_extras,
+    batch_request,
     delay_to_ms,
     ext_with_trace_id,
+    message_request,
     new_trace_ids,
 )
+from smartnsq.publishing.routes import Route
+from smartnsq.publishing.tries import UNROUTED, PublishTries
 
 
 def test_a_new_request_is_unbound_and_movable() -> None:
     request = PublishRequest("t", "PUB", [b"x"])
     assert request.key is NO_KEY
     assert request.partition is None
-    assert request.pinned is None
-    assert request.avoid == set()
     assert request.movable
     assert not request.batch
+    tries = PublishTries()
+    assert (tries.count, tries.pinned, tries.avoid, tries.route) == (1, None, set(), UNROUTED)
+    assert tries.last_partition is None
+
+
+def test_a_request_is_a_value() -> None:
+    request = PublishRequest("t", "PUB", [b"x"], partition=1)
+    assert request == PublishRequest("t", "PUB", [b"x"], partition=1)
+    assert request != PublishRequest("t", "PUB", [b"x"], partition=2)
+    assert "partition=1" in repr(request)
+    with pytest.raises(AttributeError):
+        request.pinned = 1  # type: ignore[attr-defined]  # no room for decisions
 
 
 @pytest.mark.parametrize(
@@ -42,12 +57,100 @@ def test_batch_follows_the_command(command: str, batch: bool) -> None:
 
 
 def test_a_partition_or_a_key_binds_a_request() -> None:
-    by_partition = PublishRequest("t", "PUB", [b"x"])
-    by_partition.partition = 0
-    assert not by_partition.movable
-    by_key = PublishRequest("t", "PUB", [b"x"])
-    by_key.key = 0  # a falsy key is still a key
-    assert not by_key.movable
+    assert not PublishRequest("t", "PUB", [b"x"], partition=0).movable
+    assert not PublishRequest("t", "PUB", [b"x"], key=0).movable  # a falsy key is still a key
+
+
+def test_an_unkeyed_publish_avoids_the_partitions_that_failed_it() -> None:
+    tries = PublishTries()
+    request = PublishRequest("t", "PUB", [b"x"])
+    tries.failed(request)  # not routed yet: nothing to avoid
+    assert tries.avoid == set()
+    for partition in (2, 0):
+        tries.route = Route("127.0.0.1:4150", partition, True, False, "t")
+        tries.failed(request)
+    assert tries.avoid == {0, 2}
+    keyed = PublishTries()
+    keyed.route = Route("127.0.0.1:4150", 1, True, False, "t")
+    keyed.failed(PublishRequest("t", "PUB", [b"x"], key="k"))  # bound: it stays
+    assert keyed.avoid == set()
+
+
+# --------------------------------------------------------------------------- message_request
+
+
+def test_a_message_request_by_its_arguments() -> None:
+    plain = message_request("t", b"x", partition=1)
+    assert plain == PublishRequest("t", "PUB", [b"x"], partition=1)
+    traced = message_request("t", b"x", trace_id=7)
+    assert (traced.command, traced.trace_ids, traced.auto_trace) == ("PUB_TRACE", [7], False)
+    ext = message_request("t", b"x", ext={"k": "v"})
+    assert (ext.command, ext.exts, ext.trace_ids) == ("PUB_EXT", [b'{"k":"v"}'], None)
+    both = message_request("t", b"x", trace_id=7, ext={"k": "v"})
+    assert (both.command, both.trace_ids) == ("PUB_EXT", [7])
+    assert both.exts is not None
+    assert json.loads(both.exts[0] or b"") == {"k": "v", "##trace_id": "7"}
+    deferred = message_request("t", b"x", delay=1.5)
+    assert (deferred.command, deferred.delay_ms) == ("DPUB", 1500)
+
+
+def test_the_trace_switch_traces_what_names_no_trace_and_has_no_delay() -> None:
+    switched = message_request("t", b"x", switched_trace_id=lambda: 99)
+    assert (switched.command, switched.trace_ids, switched.auto_trace) == ("PUB_TRACE", [99], True)
+    explicit = message_request("t", b"x", trace_id=5, switched_trace_id=lambda: 99)
+    assert (explicit.trace_ids, explicit.auto_trace) == ([5], False)
+    deferred = message_request("t", b"x", delay=1, switched_trace_id=lambda: 99)
+    assert (deferred.command, deferred.trace_ids) == ("DPUB", None)
+
+
+def test_a_delay_goes_alone() -> None:
+    for extra in ({"trace_id": 1}, {"ext": {"k": "v"}}):
+        with pytest.raises(UnsupportedFeatureError, match="delay cannot be combined"):
+            message_request("t", b"x", delay=1, **extra)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- batches
+
+
+def test_batch_requests_by_their_extras() -> None:
+    assert batch_request("t", [b"a"]).command == "MPUB"
+    assert batch_request("t", [b"a"], trace_ids=[1]).command == "MPUB_TRACE"
+    assert batch_request("t", [b"a"], exts=[None]).command == "MPUB_EXT"
+    assert batch_request("t", [b"a"], address="h:1").address == "h:1"
+
+
+def test_batch_extras() -> None:
+    assert batch_extras(2) == (None, None, False)
+    ids, exts, auto = batch_extras(2, trace=True)
+    assert ids is not None
+    assert len(ids) == 2
+    assert (exts, auto) == (None, False)
+    assert batch_extras(2, trace_ids=[1, 2]) == ([1, 2], None, False)
+    ids, _, auto = batch_extras(2, switched=True)
+    assert ids is not None
+    assert len(ids) == 2
+    assert auto
+    assert batch_extras(2, trace_ids=[1, 2], switched=True) == ([1, 2], None, False)
+    assert batch_extras(2, exts=[{"k": "v"}, None], switched=True) == (
+        None,
+        [b'{"k":"v"}', None],
+        False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "match"),
+    [
+        ({"trace_ids": [1]}, ValidationError, "1 trace ids for 2 bodies"),
+        ({"trace_ids": [1, -1]}, ValidationError, "trace_id"),
+        ({"exts": [None]}, ValidationError, "1 ext headers for 2 bodies"),
+        ({"trace": True, "exts": [None, None]}, UnsupportedFeatureError, "both"),
+        ({"trace_ids": [1, 2], "exts": [None, None]}, UnsupportedFeatureError, "both"),
+    ],
+)
+def test_batch_extras_refusals(arguments: dict[str, object], error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        batch_extras(2, **arguments)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

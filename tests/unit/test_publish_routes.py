@@ -2,10 +2,11 @@
 sharding keys, round-robin around failed partitions, classic nsqd by address."""
 
 from collections.abc import Mapping
+from typing import Any
 
 import pytest
 
-from smartnsq.errors import NoWritablePartitionError, UnsupportedFeatureError, ValidationError
+from smartnsq.errors import NoWritablePartitionError, ValidationError
 from smartnsq.protocol.lookupd import Node, TopicLayout, TopicMeta
 from smartnsq.publishing.request import PublishRequest
 from smartnsq.publishing.routes import ANY_TOPIC, Route, Router
@@ -45,8 +46,8 @@ def _router(nsqd: tuple[str, ...] = ()) -> Router:
     return Router(Sharder(_modulo), nsqd, start=lambda: 0)
 
 
-def _request(command: str = "PUB") -> PublishRequest:
-    return PublishRequest("t", command, [b"x"])
+def _request(command: str = "PUB", **fields: Any) -> PublishRequest:
+    return PublishRequest("t", command, [b"x"], **fields)
 
 
 FOUR = _youzan({0: 4150, 1: 4152, 2: 4154, 3: 4156})
@@ -77,19 +78,13 @@ def test_the_default_start_turn_is_random() -> None:
 
 def test_round_robin_skips_the_partitions_that_failed() -> None:
     router = _router()
-    chosen = []
-    for _ in range(9):
-        request = _request()
-        request.avoid = {1, 3}
-        chosen.append(router.route(request, FOUR).partition)
+    chosen = [router.route(_request(), FOUR, avoid={1, 3}).partition for _ in range(9)]
     assert set(chosen) == {0, 2}
     assert chosen[:4] == [0, 2, 0, 2]
 
 
 def test_when_every_partition_failed_any_will_do() -> None:
-    request = _request()
-    request.avoid = {0, 1, 2, 3}
-    assert _router().route(request, FOUR).partition in {0, 1, 2, 3}
+    assert _router().route(_request(), FOUR, avoid={0, 1, 2, 3}).partition in {0, 1, 2, 3}
 
 
 def test_round_robin_skips_partitions_without_a_leader() -> None:
@@ -106,73 +101,77 @@ def test_no_writable_partition() -> None:
 
 def test_an_explicit_partition_goes_to_its_leader_and_stays_pinned() -> None:
     router = _router()
-    request = _request()
-    request.partition = 2
+    request = _request(partition=2)
+    assert router.pin(request, FOUR) == 2
     assert router.route(request, FOUR) == Route("127.0.0.1:4154", 2, True, False, "t")
-    assert request.pinned == 2
     # the leader moved: same partition, new address
     moved = _youzan({0: 4150, 1: 4152, 2: 4160, 3: 4156})
-    assert router.route(request, moved).address == "127.0.0.1:4160"
+    assert router.route(request, moved, pinned=2).address == "127.0.0.1:4160"
 
 
 def test_an_explicit_partition_beyond_the_topic_is_refused() -> None:
-    request = _request()
-    request.partition = 4
-    with pytest.raises(ValidationError) as info:
-        _router().route(request, FOUR)
-    assert info.value.field == "partition"
-    assert "4 partitions" in str(info.value)
+    request = _request(partition=4)
+    for decide in (_router().route, _router().pin):
+        with pytest.raises(ValidationError) as info:
+            decide(request, FOUR)
+        assert info.value.field == "partition"
+        assert "4 partitions" in str(info.value)
 
 
 def test_a_partition_without_a_leader_is_not_writable_now() -> None:
-    request = _request()
-    request.partition = 1
+    request = _request(partition=1)
     layout = _youzan({0: 4150}, partition_num=2)
     with pytest.raises(NoWritablePartitionError, match=r"partition 1 of .* has no writable leader"):
         _router().route(request, layout)
+    assert _router().pin(request, layout) == 1  # pinned all the same
 
 
 def test_a_sharding_key_goes_to_the_sharders_partition_and_stays_there() -> None:
     router = _router()
-    request = _request()
-    request.key = 7
-    assert router.route(request, FOUR).partition == 3
-    assert request.pinned == 3
+    request = _request(key=7)
+    pinned = router.pin(request, FOUR)
+    assert pinned == 3
+    assert router.route(request, FOUR, pinned=pinned).partition == 3
     # a layout with more partitions later does not move a publish already routed
     eight = _youzan({p: 4150 + 2 * p for p in range(8)})
-    assert router.route(request, eight).partition == 3
-    fresh = _request()
-    fresh.key = 7
-    assert router.route(fresh, eight).partition == 7
+    assert router.route(request, eight, pinned=pinned).partition == 3
+    assert router.pin(request, eight) == 7  # a fresh publish of the same key
+    assert router.route(_request(key=7), eight).partition == 7
+
+
+def test_nothing_pins_an_unkeyed_or_classic_publish() -> None:
+    router = _router()
+    assert router.pin(_request(), FOUR) is None
+    assert router.pin(_request(key=3), _classic(4150, 4250)) is None
+
+
+def test_a_request_is_left_as_it_was_asked() -> None:
+    router = _router()
+    request = _request(key=7)
+    router.route(request, FOUR, avoid={1})
+    router.pin(request, FOUR)
+    router.routable(request, FOUR)
+    assert request == _request(key=7)
 
 
 def test_a_keyed_publish_ignores_failed_partitions() -> None:
-    request = _request()
-    request.key = 5
-    request.avoid = {1}
-    assert _router().route(request, FOUR).partition == 1
+    assert _router().route(_request(key=5), FOUR, avoid={1}).partition == 1
 
 
 def test_java_sharding_by_default() -> None:
-    request = _request()
-    request.key = "order-42"
+    request = _request(key="order-42")
     sharder = Sharder("java")
     expected = sharder.partition_for("order-42", 4)
     assert Router(sharder).route(request, FOUR).partition == expected
 
 
-def test_youzan_has_no_deferred_publish() -> None:
-    with pytest.raises(UnsupportedFeatureError, match="DPUB"):
-        _router().route(_request("DPUB"), FOUR)
-
-
-def test_ext_headers_need_an_ext_topic() -> None:
-    request = _request("PUB_EXT")
-    request.exts = [b'{"k":"v"}']
-    with pytest.raises(UnsupportedFeatureError, match="not an ext topic"):
-        _router().route(request, FOUR)
-    ext_topic = _youzan({0: 4150, 1: 4152}, ext=True)
-    route = _router().route(request, ext_topic)
+def test_what_a_server_cannot_take_is_routed_and_left_to_the_codec() -> None:
+    """DPUB on youzan and ext headers on a plain topic are the codec's refusals
+    (smartnsq.publishing.wire): routing says where they would go."""
+    assert _router().route(_request("DPUB"), FOUR).youzan
+    request = _request("PUB_EXT", exts=[b'{"k":"v"}'])
+    assert not _router().route(request, FOUR).ext_topic
+    route = _router().route(request, _youzan({0: 4150, 1: 4152}, ext=True))
     assert route.ext_topic
     assert route.youzan
 
@@ -200,20 +199,17 @@ def test_classic_round_robin_over_the_nsqd_nodes() -> None:
 def test_classic_sharding_key_picks_an_nsqd() -> None:
     router = _router()
     for key, port in ((4, 4250), (5, 4350), (3, 4150), (4, 4250)):
-        request = _request()
-        request.key = key
+        request = _request(key=key)
         assert router.route(request, _classic(4150, 4250, 4350)).address == f"127.0.0.1:{port}"
 
 
 def test_a_classic_batch_stays_on_its_nsqd() -> None:
-    request = _request("MPUB")
-    request.address = "127.0.0.1:4350"
+    request = _request("MPUB", address="127.0.0.1:4350")
     assert _router().route(request, _classic(4150, 4250)).address == "127.0.0.1:4350"
 
 
 def test_a_partition_on_classic_is_carried_to_be_refused_with_the_address() -> None:
-    request = _request()
-    request.partition = 1
+    request = _request(partition=1)
     route = _router().route(request, _classic(4150))
     assert (route.address, route.partition, route.youzan) == ("127.0.0.1:4150", 1, False)
 
@@ -243,8 +239,7 @@ def test_key_targets_agree_with_single_publishes() -> None:
     keys = ["a", "b", "c", "a", 17]
     targets = router.key_targets("t", keys, FOUR)
     for key, target in zip(keys, targets, strict=True):
-        request = _request()
-        request.key = key
+        request = _request(key=key)
         assert router.route(request, FOUR).partition == target
 
 
@@ -275,37 +270,32 @@ def test_key_targets_name_the_bad_key() -> None:
 def test_a_pinned_publish_has_its_target_without_a_writable_leader() -> None:
     router = _router()
     no_leader_for_1 = _youzan({0: 4150}, partition_num=2)
-    keyed = _request()
-    keyed.key = 5  # 5 % 2 -> partition 1, which has no leader now
+    keyed = _request(key=5)  # 5 % 2 -> partition 1, which has no leader now
     assert router.target(keyed, no_leader_for_1) == 1
     with pytest.raises(NoWritablePartitionError):
         router.route(keyed, no_leader_for_1)
-    explicit = _request()
-    explicit.partition = 1
+    explicit = _request(partition=1)
     assert router.target(explicit, no_leader_for_1) == 1
-    explicit.partition, explicit.pinned = 7, None
     with pytest.raises(ValidationError):
-        router.target(explicit, no_leader_for_1)
-    classic = _request()
-    classic.key = 3
+        router.target(_request(partition=7), no_leader_for_1)
+    classic = _request(key=3)
     assert router.target(classic, _classic(4150, 4152)) == "127.0.0.1:4152"
     assert _router(("10.0.0.1:4150",)).target(classic, None) == "10.0.0.1:4150"
 
 
 def test_routable_says_whether_a_layout_has_somewhere_to_go() -> None:
     router = _router()
-    keyed = _request()
-    keyed.key = 5
+    keyed = _request(key=5)
     assert not router.routable(keyed, _youzan({0: 4150}, partition_num=2))
     assert router.routable(keyed, _youzan({0: 4150, 1: 4152}))
+    # pinned to partition 0 by an earlier routing: its leader is what counts
+    assert router.routable(keyed, _youzan({0: 4150}, partition_num=2), pinned=0)
     unkeyed = _request()
     assert router.routable(unkeyed, _youzan({0: 4150}, partition_num=2))
     assert not router.routable(unkeyed, _youzan({}, partition_num=2))
-    unknown = _request()
-    unknown.key = 1
+    unknown = _request(key=1)
     assert not router.routable(unknown, TopicLayout("t", "w", youzan=True))  # no count yet
-    out_of_range = _request()
-    out_of_range.partition = 9  # refused by the next try, not waited for
+    out_of_range = _request(partition=9)  # refused by the next try, not waited for
     assert router.routable(out_of_range, _youzan({0: 4150}, partition_num=2))
     assert router.routable(_request(), _classic(4150))
     assert not router.routable(_request(), _classic())

@@ -28,11 +28,9 @@ def _request(
     topic: str = "ptest",
     trace_ids: list[int] | None = None,
     exts: list[bytes | None] | None = None,
+    **fields: Any,
 ) -> PublishRequest:
-    request = PublishRequest(topic, command, bodies)
-    request.trace_ids = trace_ids
-    request.exts = exts
-    return request
+    return PublishRequest(topic, command, bodies, trace_ids=trace_ids, exts=exts, **fields)
 
 
 def _receipt(name: str) -> bytes:
@@ -82,8 +80,7 @@ def test_encode_writes_what_real_clients_sent(
 
 
 def test_encode_dpub_as_captured() -> None:
-    request = _request("DPUB", [b"deferred"])
-    request.delay_ms = 1000
+    request = _request("DPUB", [b"deferred"], delay_ms=1000)
     assert PublishCodec().encode(request, None) == command_bytes("dpub_ptest_1000")
 
 
@@ -170,16 +167,21 @@ def _header(data: bytes, head: bytes) -> dict[str, Any]:
 def test_prepare_without_a_span_encodes_the_command() -> None:
     codec = PublishCodec(inject=_inject)
     request = _request("PUB", [b"x"], "etest")
-    assert codec.prepare(request, E0) == ("PUB", c.pub("etest", b"x", 0))
+    assert codec.prepare(request, E0, True) == ("PUB", c.pub("etest", b"x", 0), None)
+    traced = _request("MPUB_TRACE", [b"x", b"y"], "etest", trace_ids=[1, 2])
+    assert codec.prepare(traced, E0, True) == (
+        "MPUB_TRACE",
+        c.mpub_trace("etest", [b"x", b"y"], [1, 2], 0),
+        [1, 2],
+    )
 
 
 def test_a_recording_span_travels_in_the_ext_header() -> None:
     codec = PublishCodec(inject=_inject)
     span = _Span()
     request = _request("PUB_TRACE", [b"body"], "etest", trace_ids=[42])
-    request.span = span
-    command, data = codec.prepare(request, E0)
-    assert command == "PUB_EXT"
+    command, data, trace_ids = codec.prepare(request, E0, True, span)
+    assert (command, trace_ids) == ("PUB_EXT", [42])
     header = _header(data, b"PUB_EXT etest 0\n")
     assert header == {"traceparent": f"00-{id(span):032x}-{1:016x}-01", "##trace_id": "42"}
     assert data.endswith(b"body")
@@ -188,8 +190,7 @@ def test_a_recording_span_travels_in_the_ext_header() -> None:
 def test_the_span_joins_the_callers_ext_header() -> None:
     codec = PublishCodec(inject=_inject)
     request = _request("PUB_EXT", [b"body"], "etest", exts=[b'{"k":"v"}'])
-    request.span = _Span()
-    command, data = codec.prepare(request, E0)
+    command, data, _ = codec.prepare(request, E0, True, _Span())
     assert command == "PUB_EXT"
     header = _header(data, b"PUB_EXT etest 0\n")
     assert header["k"] == "v"
@@ -211,8 +212,8 @@ def test_spans_travel_only_on_single_messages_of_ext_topics(
 ) -> None:
     codec = PublishCodec(inject=_inject if inject else None)
     request = _request(command, [b"x"], route.pool_topic)
-    request.span = _Span(recording)
-    assert codec.prepare(request, route) == (command, codec.encode(request, 0))
+    prepared = codec.prepare(request, route, True, _Span(recording))
+    assert prepared == (command, codec.encode(request, 0), None)
 
 
 # --------------------------------------------------------------------------- fit
@@ -220,17 +221,17 @@ def test_spans_travel_only_on_single_messages_of_ext_topics(
 
 def test_fit_drops_a_switched_on_trace_for_classic_nsqd() -> None:
     for command, plain in (("PUB_TRACE", "PUB"), ("MPUB_TRACE", "MPUB")):
-        request = _request(command, [b"x"], trace_ids=[1])
-        request.auto_trace = True
-        PublishCodec.fit(request, CLASSIC, youzan=False)
-        assert (request.command, request.trace_ids, request.auto_trace) == (plain, None, False)
+        request = _request(command, [b"x"], trace_ids=[1], auto_trace=True)
+        assert PublishCodec.fit(request, CLASSIC, youzan=False) == (plain, None)
+        command_, data, trace_ids = PublishCodec().prepare(request, CLASSIC, False)
+        assert (command_, trace_ids) == (plain, None)
+        assert data == (c.pub("ptest", b"x") if plain == "PUB" else c.mpub("ptest", [b"x"]))
+        assert (request.command, request.trace_ids) == (command, [1])  # left as asked
 
 
 def test_fit_keeps_a_switched_on_trace_for_youzan() -> None:
-    request = _request("PUB_TRACE", [b"x"], trace_ids=[1])
-    request.auto_trace = True
-    PublishCodec.fit(request, P0, youzan=True)
-    assert (request.command, request.trace_ids) == ("PUB_TRACE", [1])
+    request = _request("PUB_TRACE", [b"x"], trace_ids=[1], auto_trace=True)
+    assert PublishCodec.fit(request, P0, youzan=True) == ("PUB_TRACE", [1])
 
 
 @pytest.mark.parametrize(
@@ -250,16 +251,27 @@ def test_classic_nsqd_refuses_what_it_lacks(command: str, message: str) -> None:
 
 
 def test_classic_nsqd_has_no_partitions() -> None:
-    request = _request("PUB", [b"x"])
-    request.partition = 1
+    request = _request("PUB", [b"x"], partition=1)
     with pytest.raises(UnsupportedFeatureError, match="no partitions"):
         PublishCodec.fit(request, CLASSIC, youzan=False)
+    with pytest.raises(UnsupportedFeatureError, match="no partitions"):
+        PublishCodec().prepare(request, CLASSIC, False)  # the PUB fast path too
 
 
 def test_youzan_nsqd_has_no_dpub_but_classic_has() -> None:
-    with pytest.raises(UnsupportedFeatureError, match="DPUB"):
-        PublishCodec.fit(_request("DPUB", [b"x"]), CLASSIC, youzan=True)
-    PublishCodec.fit(_request("DPUB", [b"x"]), CLASSIC, youzan=False)
+    for route in (P0, CLASSIC):  # a youzan layout's route, or a youzan nsqd in direct mode
+        with pytest.raises(UnsupportedFeatureError, match="DPUB"):
+            PublishCodec.fit(_request("DPUB", [b"x"]), route, youzan=True)
+    assert PublishCodec.fit(_request("DPUB", [b"x"]), CLASSIC, youzan=False) == ("DPUB", None)
+
+
+def test_ext_headers_need_an_ext_topic() -> None:
+    request = _request("PUB_EXT", [b"x"], exts=[b'{"k":"v"}'])
+    with pytest.raises(UnsupportedFeatureError, match="'ptest' is not an ext topic"):
+        PublishCodec.fit(request, P0, youzan=True)
+    assert PublishCodec.fit(request, E0, youzan=True) == ("PUB_EXT", None)
+    # in direct mode nothing says whether the topic is an ext topic: nsqd answers
+    assert PublishCodec.fit(request, CLASSIC, youzan=True) == ("PUB_EXT", None)
 
 
 # --------------------------------------------------------------------------- results
@@ -277,6 +289,13 @@ def test_a_first_try_ok_is_the_same_result_each_time() -> None:
     assert codec.results(_request("PUB", [b"b"]), P0, OK, 1)[0] is first
     elsewhere = codec.results(_request("PUB", [b"b"]), CLASSIC, OK, 1)[0]
     assert elsewhere == PublishResult("ptest", None, "127.0.0.1:4150")
+
+
+def test_the_trace_ids_sent_name_the_results() -> None:
+    request = _request("MPUB_TRACE", [b"mt-1", b"mt-2"], trace_ids=[7, 8])
+    frame = _receipt("MPUB_TRACE ptest 0 (2 messages)")
+    results = PublishCodec().results(request, P0, frame, 1, [9, 10])
+    assert [r.trace_id for r in results] == [9, 10]
 
 
 def test_a_retried_ok_counts_its_tries() -> None:

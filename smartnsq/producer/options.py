@@ -1,0 +1,84 @@
+"""The Producer's options: one frozen value, checked once when the Producer is made (before
+anything is sent) and read by its parts from there."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from smartnsq.client.options import ClientOptions, check_flag, set_derived
+from smartnsq.errors import ValidationError
+from smartnsq.flow.backoff import check_seconds
+from smartnsq.flow.retry import Backoff
+from smartnsq.protocol.validation import MAX_BODY_SIZE, MAX_MSG_SIZE
+from smartnsq.routing.sharding import Sharder, ShardingStrategy
+
+__all__ = ["DEFAULT_PUBLISH_TIMEOUT", "ProducerOptions"]
+
+#: The default ``publish_timeout``: longer than every failover measured on real youzan nsq
+#: (docs/guides/durable-channels.md), the slowest being about 112 s, as Kafka's producer
+#: waits up to 120 s (delivery.timeout.ms) by default.
+DEFAULT_PUBLISH_TIMEOUT = 120.0
+_DEFAULT_RETRY_BACKOFF = Backoff()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProducerOptions(ClientOptions):
+    """Everything a :class:`~smartnsq.producer.producer.Producer` is given (its keyword
+    arguments; see the Producer for their meaning), checked; ``sharder`` is made from
+    ``sharding``."""
+
+    sharding: ShardingStrategy = "java"
+    publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT
+    max_retries: int | None = None
+    retry_backoff: Backoff | None = None
+    connections_per_partition: int = 1
+    request_timeout: float = 10.0
+    max_msg_size: int = MAX_MSG_SIZE
+    max_body_size: int = MAX_BODY_SIZE
+    trace: bool = False
+    trace_key_hash: bool = False
+    linger: float | None = None
+    max_batch: int = 100
+    # derived: the sharding strategy, ready
+    sharder: Sharder = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        set_derived(
+            self, "publish_timeout", check_publish_timeout("publish_timeout", self.publish_timeout)
+        )
+        max_retries = self.max_retries
+        if max_retries is not None and (type(max_retries) is not int or max_retries < 0):
+            raise ValidationError(
+                "max_retries", "must be an int >= 0, or None (bounded by publish_timeout only)"
+            )
+        if self.retry_backoff is not None and not isinstance(self.retry_backoff, Backoff):
+            raise ValidationError("retry_backoff", "must be a Backoff, or None (the default)")
+        set_derived(self, "sharder", Sharder(self.sharding))
+        check_seconds("request_timeout", self.request_timeout, positive=True)
+        super().__post_init__()
+        for name in ("max_msg_size", "max_body_size"):
+            size = getattr(self, name)
+            if type(size) is not int or size < 1:
+                raise ValidationError(name, f"must be an int >= 1 (bytes), got {size!r}")
+        check_flag("trace", self.trace)
+        check_flag("trace_key_hash", self.trace_key_hash)
+        if self.linger is not None:
+            check_seconds("linger", self.linger, positive=False)
+        if type(self.max_batch) is not int or self.max_batch < 1:
+            raise ValidationError("max_batch", "must be an int >= 1")
+
+    @property
+    def retry_delays(self) -> Backoff:
+        """What spaces a publish's tries: ``retry_backoff``, or the default."""
+        return _DEFAULT_RETRY_BACKOFF if self.retry_backoff is None else self.retry_backoff
+
+    def _connection_specific(self) -> dict[str, Any]:
+        return {"request_timeout": self.request_timeout}
+
+
+def check_publish_timeout(name: str, value: object) -> float:
+    """A publish's bound, in seconds: a number > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValidationError(name, "must be > 0 seconds")
+    return float(value)
