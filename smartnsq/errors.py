@@ -381,16 +381,27 @@ class UnknownServerError(ServerError):
 class PublishError(NSQError):
     """A publish failed for good: retries exhausted or a non-retriable error.
 
-    The last server or connection error is the ``__cause__``.
+    The last server or connection error is the ``__cause__``. ``outcome_unknown`` is True
+    when a try was sent and never answered (the connection was lost or the time ran out
+    while waiting): nsqd may have stored the message, so publishing it again may store it
+    twice. A consumer that must not process it twice keys on the message's identity: a
+    trace id it carries, or its ``(partition, offset)``.
     """
 
     def __init__(
-        self, message: str, *, topic: str, partition: int | None = None, tries: int = 0
+        self,
+        message: str,
+        *,
+        topic: str,
+        partition: int | None = None,
+        tries: int = 0,
+        outcome_unknown: bool = False,
     ) -> None:
         super().__init__(message)
         self.topic = topic
         self.partition = partition
         self.tries = tries
+        self.outcome_unknown = outcome_unknown
 
 
 class UnsupportedFeatureError(NSQError):

@@ -38,6 +38,7 @@ from smartnsq.errors import (
 from smartnsq.flow.logthrottle import LogThrottle
 from smartnsq.flow.retry import Backoff, is_retriable, needs_lookup_refresh
 from smartnsq.producer.batching import Batcher
+from smartnsq.producer.gate import RetryGate
 from smartnsq.producer.options import (
     DEFAULT_PUBLISH_TIMEOUT,
     ProducerOptions,
@@ -168,6 +169,7 @@ class Producer:
             else None
         )
         self._stats = ProducerStats()
+        self._gate = RetryGate()
         self._log_throttle = LogThrottle()
         self._state = "new"  # new -> starting -> started -> closed
         # Set when close() begins: new publishes are refused while the batches already
@@ -194,16 +196,29 @@ class Producer:
             try:
                 await asyncio.wait_for(self._warm_up(), timeout)
             except TimeoutError:
-                self._state = "new"
+                self._failed_start()
                 raise NSQTimeoutError(
                     f"the producer could not start within {timeout} s: {self._awaited()}"
                 ) from None
             except BaseException:
-                self._state = "new"
+                self._failed_start()
                 raise
-            self._clock = _clock_of(asyncio.get_running_loop())
-            self._state = "started"
+            self._begin()
         return self
+
+    def _begin(self) -> None:
+        """What a publish needs before its first try: the loop's clock. No warm-up: its
+        tries look up and connect themselves, and what fails there (an nsqd refusing
+        connections, a lookupd down) is retried within the publish's deadline like any
+        other failure, in direct mode as through nsqlookupd."""
+        if self._state == "closed":
+            raise _closing_error()
+        self._clock = _clock_of(asyncio.get_running_loop())
+        self._state = "started"
+
+    def _failed_start(self) -> None:
+        if self._state == "starting":  # not begun by a publish meanwhile
+            self._state = "new"
 
     def _awaited(self) -> str:
         """What start() waits for, to say what did not answer."""
@@ -438,8 +453,14 @@ class Producer:
         if self._closing:
             raise _closing_error()
         if self._state != "started":
-            await self.start()
-        targets = await self._key_targets(topic, keys)
+            self._begin()
+        limit = self.options.publish_timeout if timeout is None else timeout
+        deadline = self._clock() + limit
+        targets = await self._looked_up(
+            PublishRequest(topic, "MPUB", data),
+            deadline,
+            lambda layout: self._router.key_targets(topic, keys, layout),
+        )
         groups: dict[int | str, list[int]] = {}
         for target in set(targets):
             groups[target] = []
@@ -467,8 +488,9 @@ class Producer:
                 auto_trace=auto,
             )
             requests.append((indexes, request))
+        remaining = max(deadline - self._clock(), 1e-3)  # the one deadline, for every batch
         outcomes = await asyncio.gather(
-            *(self._run(request, timeout) for _, request in requests), return_exceptions=True
+            *(self._run(request, remaining) for _, request in requests), return_exceptions=True
         )
         results: list[PublishResult | None] = [None] * count
         place = results.__setitem__
@@ -477,11 +499,6 @@ class Producer:
                 raise outcome
             collections.deque(map(place, indexes, outcome), maxlen=0)
         return cast("list[PublishResult]", results)  # every index is in exactly one group
-
-    async def _key_targets(self, topic: str, keys: Sequence[Any]) -> list[int | str]:
-        """Where each key publishes: a partition (youzan) or an nsqd address (classic)."""
-        layout = None if self._lookup is None else await self._lookup.lookup(topic, "w")
-        return self._router.key_targets(topic, keys, layout)
 
     def _binding(self, partition: int | None, key: Any) -> tuple[int | None, Any]:
         """A publish's explicit partition or sharding key, checked (``NO_KEY``: none)."""
@@ -512,7 +529,7 @@ class Producer:
         """Hand the message to the batcher, in the lane of its partition (keyed or explicit
         publishes) or the topic's shared lane (unkeyed)."""
         if self._state != "started":
-            await self.start()
+            self._begin()
         if self._batcher is None:  # pragma: no cover - only called with a batcher
             raise ValidationError("linger", "batching is off")
         lane: tuple[Any, ...]
@@ -524,7 +541,10 @@ class Producer:
             # a publish waiting for a failover waits in the lane, within the retry loop.
             target = self._target_now(request)
             if target is None:
-                target = await self._target_retrying(request)
+                deadline = self._clock() + self.options.publish_timeout
+                target = await self._looked_up(
+                    request, deadline, lambda layout: self._router.target(request, layout)
+                )
             lane = (request.topic, "pinned", isinstance(target, int), target)
         trace_id = request.trace_ids[0] if request.trace_ids else None
         result: PublishResult = await self._batcher.add(
@@ -559,27 +579,33 @@ class Producer:
         except NoWritablePartitionError:
             return None
 
-    async def _target_retrying(self, request: PublishRequest) -> int | str:
-        """The batch lane's target, looked up within the retry loop (``publish_timeout``)."""
+    async def _looked_up(
+        self,
+        request: PublishRequest,
+        deadline: float,
+        decide: Callable[[TopicLayout | None], T],
+    ) -> T:
+        """``decide(layout)`` on the topic's layout (None on classic nsqd in direct mode),
+        looked up and decided again within the retry loop until ``deadline``: where an
+        auto-batched keyed publish or the batches of ``publish_many(sharding_keys=...)`` go."""
         tries = PublishTries()
-        deadline = self._clock() + self.options.publish_timeout
         lookup = self._lookup
 
-        async def target(now: float = 0.0) -> int | str:
+        async def attempt(now: float = 0.0) -> T:
             layout = None
             if lookup is not None:
                 lookup_done = lookup.lookup(request.topic, "w")
                 layout = tries.layout = await _by_deadline(lookup_done, deadline, "the lookup")
-            return self._router.target(request, layout)
+            return decide(layout)
 
         try:
             try:
-                return await target()
+                return await attempt()
             except NSQError as exc:
-                return await self._retry(request, tries, deadline, exc, target)
+                return await self._retry(request, tries, deadline, exc, attempt)
         except Exception as exc:
             if not _refused(exc, tries):
-                self._stats.failed(1)
+                self._stats.failed(len(request.bodies) or 1)
             raise
 
     # ------------------------------------------------------------------ one publish
@@ -590,7 +616,7 @@ class Producer:
         (:meth:`_try`), all by one deadline (``timeout``, else ``publish_timeout``); the
         outcome is counted and, with OpenTelemetry, traced."""
         if self._state != "started":
-            await self.start()
+            self._begin()
         telemetry = self._telemetry
         metered = telemetry.enabled
         span = telemetry.start_send(request.topic, len(request.bodies)) if metered else None
@@ -645,7 +671,7 @@ class Producer:
                 return self._try_waiting(request, tries, deadline, None)
             route = self._route_in(request, tries, layout)
         conn = self._pool.get_nowait(route.address, route.pool_topic, route.partition)
-        if conn is None:
+        if conn is None or conn.writing_paused:
             return self._try_waiting(request, tries, deadline, route)
         return self._send(request, tries, route, conn, deadline, now)
 
@@ -653,7 +679,8 @@ class Producer:
         self, request: PublishRequest, tries: PublishTries, deadline: float, route: Route | None
     ) -> bytes:
         """:meth:`_try` when it has to wait: for the layout (``route`` None), then for the
-        connection (made, or being made); every wait ends by ``deadline``."""
+        connection (made, or being made), and for nsqd to read what waits in the socket's
+        buffer; every wait ends by ``deadline``."""
         scope = asyncio.timeout_at(deadline)
         waiting_for = "a lookup"
         try:
@@ -665,6 +692,11 @@ class Producer:
                     route = self._route_in(request, tries, layout)
                 waiting_for = f"a connection to {route.address}"
                 conn = await self._pool.get(route.address, route.pool_topic, route.partition)
+                if conn.writing_paused:
+                    # nsqd reads slower than publishes come: wait for it, not in its buffer
+                    # (drain() closes a connection blocked for write_timeout).
+                    waiting_for = f"{route.address} to read what was sent before"
+                    await conn.drain()
                 waiting_for = f"the answer of {route.address}"
                 return await self._send(request, tries, route, conn, deadline, self._clock())
         except TimeoutError:
@@ -689,13 +721,15 @@ class Producer:
             request, route, route.youzan or conn.youzan, tries.span
         )
         remaining = deadline - now
-        if remaining >= self._request_timeout:
-            return conn.request_future(data, command, self._request_timeout)
         if remaining <= 0:
             raise NSQTimeoutError(f"the publish ran out of time before try {tries.count} was sent")
-        # The deadline comes first. The connection watches the time of its oldest request
-        # only, so the answer is also awaited by the deadline, whatever it waits behind.
-        answer = conn.request_future(data, command, remaining)
+        # request_timeout is the connection's: an answer later than that means the link is
+        # dead, and the connection closes. A publish whose deadline comes first stops waiting
+        # then, and leaves the connection (and the publishes sharing it) alone.
+        answer = conn.request_future(data, command, self._request_timeout)
+        tries.sent = True
+        if remaining >= self._request_timeout:
+            return answer
         return _by_deadline(answer, deadline, f"{command} to {route.address}")
 
     def _route_in(
@@ -748,6 +782,7 @@ class Producer:
         failing_since = clock()
         warned = False
         while True:
+            tries.ended(failure)
             if not is_retriable(failure):
                 raise failure
             max_retries = self.options.max_retries
@@ -761,6 +796,7 @@ class Producer:
                 warned = True
                 self._warn_failing(request, failure, tries.count, failing_for)
             await self._pause(request, tries, failure, deadline)
+            await self._gate.enter()  # a storm of retries goes over several turns of the loop
             now = clock()
             if deadline - now <= 0:
                 raise self._given_up(request, tries, "publish_timeout", failure) from failure
@@ -777,12 +813,15 @@ class Producer:
         cause = "timed out" if bound == "publish_timeout" else f"reached {bound}"
         partition = request.partition if request.partition is not None else tries.pinned
         where = "" if partition is None else f" partition {partition}"
+        unknown = tries.unanswered
+        outcome = "; a try was sent and not answered: nsqd may have stored it" if unknown else ""
         return PublishError(
-            f"publish to {request.topic!r}{where} failed after {tries.count} tries ({cause}): "
-            f"{last}",
+            f"publish to {request.topic!r}{where} failed after {tries.count} tries ({cause}"
+            f"{outcome}): {last}",
             topic=request.topic,
             partition=partition,
             tries=tries.count,
+            outcome_unknown=unknown,
         )
 
     def _note_failure(

@@ -55,6 +55,12 @@ class CoalescingWriter:
     def abort(self, exc: BaseException | None = None) -> None:
         raise NotImplementedError
 
+    @property
+    def writing_paused(self) -> bool:
+        """The socket's write buffer is over its high-water mark: nsqd reads slower than we
+        write (or not at all). Writers should :meth:`drain` before adding more."""
+        return self._write_paused
+
     def send(self, data: bytes) -> None:
         """Send bytes to nsqd: at once on an idle connection; otherwise with everything else
         written in this loop iteration (or at the end of the current read), or once FLUSH_AT
