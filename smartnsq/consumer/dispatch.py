@@ -257,7 +257,7 @@ class Dispatcher:
             self._accepted(message, conn)
         elif verdict == GIVE_UP:
             self._accepted(message, conn)
-            self._give_up(message)
+            self._give_up(message, attempts_run=message.attempts - 1)  # past max_attempts
         # DROP, ANSWER: a copy, a replay or a hand-back, answered (or not) by the ledger
 
     def _observed(self) -> bool:
@@ -346,7 +346,7 @@ class Dispatcher:
         if decision is None:
             return
         if decision is GIVE_UP_NOW:
-            self._give_up(message)
+            self._give_up(message, attempts_run=message.attempts)
             return
         if self.ordered and message.attempts >= self.options.max_attempts:
             log.error(
@@ -375,17 +375,19 @@ class Dispatcher:
             exc_info=exc,
         )
 
-    def _give_up(self, message: Message) -> None:
+    def _give_up(self, message: Message, attempts_run: int) -> None:
+        """Give up on ``message``, whose handler ran ``attempts_run`` times (counted by
+        nsqd's attempts: the delivery that arrives past max_attempts does not run)."""
         self.telemetry.count("given_up", 1, self.metric_attributes)
         log.warning(
             "%s: giving up on message %s after %d attempts",
             self.topic,
             message.id.hex(),
-            message.attempts,
+            attempts_run,
         )
         path = self.options.dead_letter_path
         if path is not None:
-            write_dead_letter(message, Path(path))
+            write_dead_letter(message, Path(path), attempts_run)
         callback = self.options.on_giving_up
         if callback is not None:
             try:

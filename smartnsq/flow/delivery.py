@@ -199,8 +199,9 @@ class DeliveryOptions:
 
     ``ordered``: one message at a time per lane, with replay and order checks;
     ``iterating``: no handler, so an ordered turn ends when the message is answered rather
-    than when its handler is over; ``max_attempts``: unordered deliveries past it are given
-    up on arrival, ordered ones after a failure at it when ``ordered_give_up``;
+    than when its handler is over; ``max_attempts``: a delivery whose handler failed at its
+    last allowed attempt is given up at once (ordered: when ``ordered_give_up``), and one
+    that arrives past it (unordered) is given up without running;
     ``skip_replays``: FIN, unhandled, what an ordered consumer finished before;
     ``halt_on_violation``: a delivery that breaks the order goes back instead of running
     (the consumer stops); ``requeue_delay`` and ``max_requeue_delay``: a failed message
@@ -480,11 +481,15 @@ class DeliveryLedger(Generic[L]):
 
     def failed(self, delivery: Delivery) -> Answer[L] | None:
         """``delivery``'s handler raised: requeue it with the policy's delay (a failure for
-        the flow), or, ordered with ``ordered_give_up`` at ``max_attempts``, the verdict
-        :data:`GIVE_UP`. None when the handler had answered it before raising."""
+        the flow), or, at its last allowed attempt (``max_attempts``; ordered only with
+        ``ordered_give_up``), the verdict :data:`GIVE_UP`: given up right away, not requeued
+        once more only to be given up when it comes back. None when the handler had answered
+        it before raising."""
         if delivery.responded:
             return None
-        if self.ordered and self.options.ordered_give_up and delivery.attempts >= self.max_attempts:
+        if delivery.attempts >= self.max_attempts and (
+            not self.ordered or self.options.ordered_give_up
+        ):
             return GIVE_UP_NOW
         return self.requeue(delivery, None, backoff=True)
 

@@ -4,7 +4,9 @@ for it, and in ordered mode so does the rest of the partition."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -65,8 +67,8 @@ async def test_awaitable_on_giving_up_is_awaited_before_the_fin(cluster: Cluster
         release.set()
         await cluster.wait_for(lambda: cluster.unfinished("events", "c") == 0)
         stats = consumer.stats()
-    assert given_up == [2]  # the failed first delivery was requeued, the second given up
-    assert (stats.given_up, stats.finished, stats.requeued) == (1, 1, 1)
+    assert given_up == [1]  # given up right after its one allowed attempt, not requeued
+    assert (stats.given_up, stats.finished, stats.requeued) == (1, 1, 0)
     assert len(cluster.channel_record("events", "c").finished) == 1
 
 
@@ -100,3 +102,36 @@ async def test_ordered_partition_waits_for_an_awaitable_on_giving_up(cluster: Cl
         stats = consumer.stats()
     assert handled == [b"poison", b"next"]
     assert (stats.given_up, stats.finished, stats.requeued) == (1, 2, 0)
+
+
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
+async def test_a_message_is_given_up_right_after_its_last_allowed_attempt(
+    cluster: Cluster, ordered: bool, tmp_path: Path
+) -> None:
+    """Unordered with max_attempts=2 used to requeue the message a third time (with
+    requeue_delay x attempts) only to give it up when it came back; ordered gave up right
+    after the second. Both now give up after the handler's second attempt."""
+    attempts: list[int] = []
+    dead_letters = tmp_path / "dead.jsonl"
+
+    def handle(message: Message) -> None:
+        attempts.append(message.attempts)
+        raise ValueError("poison")
+
+    topic = "ordered" if ordered else "events"
+    async with _consumer(
+        cluster,
+        topic,
+        handler=handle,
+        ordered=ordered,
+        ordered_give_up=True,
+        max_attempts=2,
+        dead_letter_path=dead_letters,
+    ) as consumer:
+        await _publish(cluster, topic, b"poison")
+        await cluster.wait_for(lambda: cluster.unfinished(topic, "c") == 0)
+        stats = consumer.stats()
+    assert attempts == [1, 2]
+    assert (stats.given_up, stats.requeued) == (1, 1)
+    record = json.loads(dead_letters.read_text())
+    assert (record["attempts"], record["attempts_run"]) == (2, 2)

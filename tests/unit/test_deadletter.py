@@ -45,6 +45,7 @@ def test_record_keeps_every_field() -> None:
         "internal_id": 42,
         "trace_id": 7,
         "attempts": 5,
+        "attempts_run": 5,
         "timestamp": 1_700_000_000_000_000_000,
         "ext": {"k": "v"},
         "body": "hello",
