@@ -30,6 +30,7 @@ from types import TracebackType
 
 import httpx
 
+from smartnsq.client.moves import announce
 from smartnsq.errors import (
     AdminError,
     ClientClosedError,
@@ -295,7 +296,10 @@ class Admin:
 
         nsqd forgets the channel's messages in flight (their FINs fail) and delivers again
         from the new position, not necessarily in queue order: a reader of an exact range
-        orders by queue offset itself. Consumers already subscribed stay connected.
+        orders by queue offset itself. Consumers already subscribed stay connected; an
+        ordered one checks its order anew from the new position, and hands the messages
+        replayed by a seek backwards to its handler (those of this process hear of the move
+        from here, the others see it in what they are delivered).
 
         Raises ValidationError for bad arguments (before anything is sent),
         UnsupportedFeatureError on classic nsqd (no queue offsets), TopicNotFoundError, and
@@ -309,19 +313,24 @@ class Admin:
         await self._require_offsets("seek a channel")
         leaders = await self._leaders(topic, wanted)
         results: list[SeekResult] = []
-        for partition, leader in leaders.items():
-            try:
-                results.append(await self._seek_one(topic, partition, channel, position, leader))
-            except NSQError as exc:
-                if not results:
-                    raise
-                moved = ", ".join(str(r.partition) for r in results)
-                raise AdminError(
-                    f"partition {partition}: {exc} (partitions {moved} were moved to "
-                    f"{position.text()} already)",
-                    status=getattr(exc, "status", None),
-                    url=getattr(exc, "url", ""),
-                ) from exc
+        try:
+            for partition, leader in leaders.items():
+                try:
+                    moved_one = await self._seek_one(topic, partition, channel, position, leader)
+                except NSQError as exc:
+                    if not results:
+                        raise
+                    moved = ", ".join(str(r.partition) for r in results)
+                    raise AdminError(
+                        f"partition {partition}: {exc} (partitions {moved} were moved to "
+                        f"{position.text()} already)",
+                        status=getattr(exc, "status", None),
+                        url=getattr(exc, "url", ""),
+                    ) from exc
+                results.append(moved_one)
+        finally:
+            if results:  # this process's consumers of the channel hear of it at once
+                announce(topic, channel, [r.partition for r in results if not r.empty])
         return results
 
     async def offsets(self, topic: str, channel: str) -> list[PartitionOffsets]:

@@ -17,11 +17,12 @@ import inspect
 import logging
 import os
 import warnings
-from collections.abc import Awaitable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal
 
+from smartnsq.client import moves
 from smartnsq.client.options import expose_options, keyword_arguments
 from smartnsq.client.telemetry import Telemetry
 from smartnsq.consumer.dispatch import Dispatcher
@@ -80,6 +81,8 @@ class ConsumerStats:
     # ordered mode: redeliveries of messages this consumer had finished, FINed unhandled
     replays_skipped: int = 0
     order_violations: int = 0
+    # ordered mode: the channel seen moved (a seek), its order then checked anew
+    channel_moves: int = 0
     connects: int = 0
     reconnects: int = 0
     # connections closed soon after their SUB succeeded (within STABLE_AFTER, 10 s): counted
@@ -153,6 +156,7 @@ class Consumer:
         self._state = "new"  # new -> starting -> started -> closing -> closed
         self._fatal: BaseException | None = None
         self._done: asyncio.Future[None] | None = None
+        self._unlisten: Callable[[], None] | None = None  # moves announced in-process
         self._telemetry = Telemetry(
             "consumer",
             tracer_provider=options.tracer_provider,
@@ -214,6 +218,12 @@ class Consumer:
         dispatcher = self._dispatcher
         dispatcher.start(loop)
         self._telemetry.in_flight_gauge(dispatcher.outstanding, self._metric_attributes)
+
+        def moved(partitions: Sequence[int | None]) -> None:  # from any thread
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(dispatcher.channel_moved, partitions)
+
+        self._unlisten = moves.listen(self.topic, self.channel, moved)
         subscriber = self._subscriber
         try:
             await subscriber.start()
@@ -273,6 +283,9 @@ class Consumer:
 
     async def _shutdown_now(self) -> None:
         self._set_state("closed")
+        if self._unlisten is not None:
+            self._unlisten()
+            self._unlisten = None
         self._subscriber.stop()
         await self._dispatcher.shutdown()
         await self._subscriber.close()
@@ -374,6 +387,7 @@ class Consumer:
             snapshot.duplicates = counts.duplicates
             snapshot.replays_skipped = counts.replays_skipped
             snapshot.order_violations = counts.order_violations
+            snapshot.channel_moves = counts.channel_moves
             snapshot.in_flight = ledger.in_flight
             snapshot.per_partition = ledger.finished_per_partition()
         return snapshot

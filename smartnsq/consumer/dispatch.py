@@ -20,7 +20,7 @@ import inspect
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Hashable
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable
 from pathlib import Path
 from typing import Any, cast
 
@@ -245,8 +245,10 @@ class Dispatcher:
             self._run(frame)  # type: ignore[arg-type]
             return
         message = cast(Message, frame)  # decoded with message_class=Message
-        if decision.send or decision.rdy or decision.violation:
+        if decision.send or decision.rdy or decision.violation or decision.moved:
             self._apply(decision)
+            if decision.moved is not None:
+                self._channel_moved(message.partition, *decision.moved)
             if decision.violation is not None:
                 self._order_violation(decision.violation)
         verdict = decision.verdict
@@ -286,6 +288,35 @@ class Dispatcher:
             message.body = decompress_payload(message.body, ext)
         except NSQError as exc:
             log.error("%s: cannot decompress message %s: %s", self.topic, message.id.hex(), exc)
+
+    def _channel_moved(self, partition: int | None, expected: int, offset: int) -> None:
+        """A delivery showed that the channel was moved (a seek): said once, not an order
+        violation; the ledger checks the order anew from there."""
+        log.info(
+            "%s/%s: partition %s: the channel was moved (the next message was at offset %d, "
+            "this one is at %d: a seek); order is checked anew from here",
+            self.topic,
+            self.channel,
+            partition,
+            expected,
+            offset,
+        )
+
+    def channel_moved(self, partitions: Iterable[int | None]) -> None:
+        """This process moved the channel on ``partitions`` (``Admin.seek``): the ordered
+        sequence of each starts anew with its next delivery."""
+        ledger = self.ledger
+        if ledger is None:
+            return
+        for partition in partitions:
+            ledger.channel_moved(partition)
+            log.info(
+                "%s/%s: partition %s: the channel was moved by a seek in this process; "
+                "order is checked anew from its next message",
+                self.topic,
+                self.channel,
+                partition,
+            )
 
     def _order_violation(self, violation: str) -> None:
         """An ordered partition went backwards: logged and, with ``halt_on_violation``, the

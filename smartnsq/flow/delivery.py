@@ -122,11 +122,12 @@ class Decision(Generic[L]):
     answers (bytes, each on its lane), write the ``rdy`` counts (decreases come first), close
     the ``closed`` lanes (retiring, with nothing in flight any more), then run ``run`` (the
     deliveries whose ordered turn has come). ``verdict`` says what became of a delivery
-    just received; ``violation`` describes an ordered partition going backwards; ``wait``
+    just received; ``violation`` describes an ordered partition going backwards; ``moved``
+    is ``(expected offset, offset)`` when a delivery shows its channel was moved; ``wait``
     is an ordered requeue's delay, which the caller waits out before
     :meth:`DeliveryLedger.requeue_now`."""
 
-    __slots__ = ("closed", "rdy", "run", "send", "verdict", "violation", "wait")
+    __slots__ = ("closed", "moved", "rdy", "run", "send", "verdict", "violation", "wait")
 
     def __init__(
         self,
@@ -141,11 +142,12 @@ class Decision(Generic[L]):
         self.closed = closed
         self.run: tuple[Delivery, ...] = ()
         self.violation: str | None = None
+        self.moved: tuple[int, int] | None = None
         self.wait = 0.0
 
     def __repr__(self) -> str:
         parts = [f"verdict={self.verdict}"]
-        for name in ("send", "rdy", "closed", "run", "violation", "wait"):
+        for name in ("send", "rdy", "closed", "run", "violation", "moved", "wait"):
             value = getattr(self, name)
             if value:
                 parts.append(f"{name}={value!r}")
@@ -169,6 +171,7 @@ class DeliveryCounts:
     """What the ledger counted since it was made."""
 
     __slots__ = (
+        "channel_moves",
         "duplicates",
         "finished",
         "given_up",
@@ -189,6 +192,7 @@ class DeliveryCounts:
         self.duplicates = 0  # copies of a delivery in flight here, or just answered
         self.replays_skipped = 0  # ordered: redeliveries of finished messages, FINed unhandled
         self.order_violations = 0
+        self.channel_moves = 0  # ordered: a channel seen moved (a seek), order checked anew
         # FINs per partition of the lanes that are gone (live lanes count their own)
         self.retired_finished: dict[int | None, int] = {}
 
@@ -372,11 +376,18 @@ class DeliveryLedger(Generic[L]):
     ) -> Decision[L]:
         sequence = self._sequence
         offset = delivery.offset
-        if (
-            self.options.skip_replays
-            and offset is not None
-            and sequence.is_replay(lane.partition, offset, delivery.timestamp)
-        ):
+        partition = lane.partition
+        moved_from = replay = None
+        if offset is not None:
+            replay = self.options.skip_replays and sequence.is_replay(
+                partition, offset, delivery.timestamp
+            )
+            moved_from = sequence.moved_from(partition, lane, offset, replay)
+            if moved_from is not None:  # a seek: what follows is the user's new start
+                sequence.restart(partition)
+                self.counts.channel_moves += 1
+                replay = False
+        if replay:
             self.counts.replays_skipped += 1
             command = commands.fin(delivery.id)
             return self._answered(ANSWER, delivery, command, "neutral", rdy, tally=False)
@@ -384,7 +395,11 @@ class DeliveryLedger(Generic[L]):
         internal_id = delivery.internal_id
         if internal_id is not None:
             violation = sequence.violation(
-                lane.partition, internal_id, offset if offset is not None else -1
+                partition,
+                internal_id,
+                offset if offset is not None else -1,
+                delivery.raw_size or 0,
+                lane,
             )
             if violation is not None:
                 self.counts.order_violations += 1
@@ -399,11 +414,20 @@ class DeliveryLedger(Generic[L]):
         else:
             lane.current = delivery
             verdict, shared = RUN, RUN_NOW
-        if not rdy and violation is None:
+        if not rdy and violation is None and moved_from is None:
             return shared
         decision = Decision(verdict, (), rdy)
         decision.violation = violation
+        if moved_from is not None and offset is not None:
+            decision.moved = (moved_from, offset)
         return decision
+
+    def channel_moved(self, partition: int | None) -> None:
+        """The channel was moved on ``partition`` (this process's ``Admin.seek`` said so):
+        ordered, its sequence starts anew with the next delivery, replays included."""
+        if self.ordered:
+            self._sequence.restart(partition)
+            self.counts.channel_moves += 1
 
     # ------------------------------------------------------------------ answers
 

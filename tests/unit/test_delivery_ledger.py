@@ -213,7 +213,8 @@ def test_ordered_violation_is_reported_and_can_hand_the_message_back() -> None:
         ledger.receive(lane, later)
         ledger.finish(later)
         ledger.handler_done(later)
-        earlier = _delivery(3)
+        # the next message in the queue, but an older id: the sequence broke
+        earlier = _delivery(3, offset=later.offset + later.raw_size)
         decision = ledger.receive(lane, earlier)
         assert decision.violation is not None
         assert "backwards" in decision.violation
@@ -223,6 +224,69 @@ def test_ordered_violation_is_reported_and_can_hand_the_message_back() -> None:
             assert decision.send == ((lane, commands.req(earlier.id, 0)),)
         else:
             assert decision.verdict == RUN
+
+
+def _consumed(ledger: DeliveryLedger[Lane], lane: Lane, *seqs: int) -> None:
+    for seq in seqs:
+        message = _delivery(seq)
+        ledger.receive(lane, message)
+        ledger.finish(message)
+        ledger.handler_done(message)
+
+
+def test_ordered_a_jump_on_the_same_connection_is_a_move_not_a_replay() -> None:
+    """A seek backwards (nsqd reads on from the new position on the same connection): the
+    replayed messages run again, with no violation, and the order starts anew there."""
+    ledger = _ledger(ordered=True, skip_replays=True)
+    lane = _lane(ledger)
+    _consumed(ledger, lane, 0, 1, 2, 3)
+    again = _delivery(1)
+    decision = ledger.receive(lane, again)
+    assert decision.verdict == RUN
+    assert decision.moved == (4 * 40, 40)  # expected offset, offset seen
+    assert decision.violation is None
+    counts = ledger.counts
+    assert (counts.channel_moves, counts.replays_skipped, counts.order_violations) == (1, 0, 0)
+    ledger.finish(again)
+    ledger.handler_done(again)
+    assert ledger.receive(lane, _delivery(2)).verdict == RUN  # in order again, no move
+    assert ledger.counts.channel_moves == 1
+
+
+def test_ordered_a_jump_forward_on_the_same_connection_is_a_move() -> None:
+    ledger = _ledger(ordered=True)
+    lane = _lane(ledger)
+    _consumed(ledger, lane, 0, 1)
+    decision = ledger.receive(lane, _delivery(7))
+    assert (decision.verdict, decision.moved) == (RUN, (80, 280))
+
+
+def test_ordered_a_new_connection_further_back_is_a_move_unless_a_replay() -> None:
+    for skip in (True, False):
+        ledger = _ledger(ordered=True, skip_replays=skip)
+        lane = _lane(ledger)
+        _consumed(ledger, lane, 0, 1, 2)
+        fresh = Lane(0)
+        ledger.add_lane(fresh, 2500)
+        decision = ledger.receive(fresh, _delivery(1, attempts=2))
+        if skip:  # a new leader replays what was finished: skipped, as before
+            assert decision.verdict == ANSWER
+            assert ledger.counts.channel_moves == 0
+        else:  # handed to the handler: the channel is read from there, no violation
+            assert (decision.verdict, decision.violation) == (RUN, None)
+            assert ledger.counts.channel_moves == 1
+        assert ledger.counts.order_violations == 0
+
+
+def test_ordered_a_move_announced_in_process_restarts_the_sequence() -> None:
+    ledger = _ledger(ordered=True, skip_replays=True)
+    lane = _lane(ledger)
+    _consumed(ledger, lane, 0, 1, 2)
+    ledger.channel_moved(0)  # Admin.seek in this process
+    fresh = Lane(0)  # the seek's replay may come on another connection too
+    ledger.add_lane(fresh, 2500)
+    assert ledger.receive(fresh, _delivery(0, attempts=2)).verdict == RUN
+    assert (ledger.counts.channel_moves, ledger.counts.replays_skipped) == (1, 0)
 
 
 # ------------------------------------------------------------------ answers
