@@ -162,6 +162,9 @@ class _Lookupd:
     retry_at: float = 0.0
     last_error: str = ""
     classic: bool = False  # answered /listlookup with a 404: a classic nsqlookupd
+    # answered once (anything, even a broken answer): its failures are news (a WARNING); a
+    # lookupd never heard from is one a client was started before (its client says so)
+    answered: bool = False
     not_lookupd: str = ""  # why it is not an nsqlookupd at all (an nsqd's HTTP port...)
 
 
@@ -735,6 +738,7 @@ class LookupManager:
         return healthy or candidates
 
     def _mark_ok(self, lookupd: _Lookupd) -> None:
+        lookupd.answered = True
         if lookupd.failures:
             self._logger.info("nsqlookupd %s is answering again", lookupd.address)
         lookupd.failures = 0
@@ -743,12 +747,19 @@ class LookupManager:
 
     def _mark_failed(self, lookupd: _Lookupd, exc: BaseException) -> None:
         lookupd.last_error = _describe(exc)
+        if not isinstance(exc, (ConnectionClosedError, NSQTimeoutError)):
+            lookupd.answered = True  # it answers, but not as it should
         now = self._clock()
         if lookupd.retry_at <= now:
             lookupd.failures += 1
             delay = exponential(lookupd.failures, self._backoff_base, self._backoff_max)
             lookupd.retry_at = now + delay
         # else: tried early (every lookupd down-ranked, or a poll): keep the current backoff.
+        if not lookupd.answered:
+            # Never heard from yet (a client started before its nsqlookupd): the client
+            # that waits for it says so once; here it is detail.
+            self._logger.debug("nsqlookupd %s failed: %s", lookupd.address, lookupd.last_error)
+            return
         self._warn(
             ("failed", lookupd.address),
             "nsqlookupd %s failed (%s; %d in a row); lookups skip it for %.1f s",
@@ -877,6 +888,10 @@ class LookupManager:
         except ClientClosedError:
             pass
         except NSQError as exc:
+            if not any(lookupd.answered for lookupd in self._lookupds.values()):
+                # none ever answered: the client waiting for one says so (see _mark_failed)
+                self._logger.debug("periodic lookup of %r (access=%s): %s", *key, exc)
+                return
             self._warn(("poll", key), "periodic lookup of %r (access=%s): %s", *key, exc)
 
     async def _notify(self, key: _Key, layout: TopicLayout) -> None:
