@@ -36,13 +36,13 @@ import inspect
 import itertools
 import logging
 import random
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
-
-import httpx
 
 from smartnsq.errors import (
     ClientClosedError,
@@ -76,7 +76,16 @@ from smartnsq.protocol.lookupd import (
 )
 from smartnsq.protocol.validation import check_topic
 from smartnsq.routing.addresses import AddressMap, AddressMapping
-from smartnsq.transport.httpclient import DEFAULT_MAX_ANSWER_BYTES, exchange, new_http_client
+from smartnsq.transport.httpclient import (
+    DEFAULT_MAX_ANSWER_BYTES,
+    HttpClient,
+    exchange,
+    new_http_client,
+)
+from smartnsq.transport.plainhttp import InvalidURL
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "DEFAULT_LOOKUPD_PORT",
@@ -98,8 +107,14 @@ _Key = tuple[str, Access]
 # wait_until's rounds are at least this far apart, even with refresh_min_interval=0.
 _MIN_WAIT_STEP = 0.05
 
+
+class _InvalidURL(Exception):
+    """The request's URL was refused before anything was sent (``httpx.InvalidURL``, or the
+    plain-http client's): an address no URL holds."""
+
+
 # What a lookupd that is down or broken raises; anything else is a bug and propagates.
-_FAILURES = (ConnectionClosedError, NSQTimeoutError, ProtocolError, httpx.InvalidURL)
+_FAILURES = (ConnectionClosedError, NSQTimeoutError, ProtocolError, _InvalidURL)
 
 
 class _ServerFault(ProtocolError):
@@ -133,7 +148,7 @@ def normalize_seed(seed: object) -> tuple[str, str]:
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, ConnectionClosedError) and exc.__cause__ is not None:
+    if isinstance(exc, (ConnectionClosedError, _InvalidURL)) and exc.__cause__ is not None:
         exc = exc.__cause__  # what the request met (the URL is said beside it)
     if isinstance(exc, _ServerFault):
         return str(exc)
@@ -271,7 +286,7 @@ class LookupManager:
         self._clock = clock
         self._rand = rand
         self._sleep = sleep
-        self._client = http_client
+        self._client: HttpClient | httpx.AsyncClient | None = http_client
         self._owns_client = http_client is None
         self._transport = transport
         self._logger = logger if logger is not None else logging.getLogger("smartnsq.lookup")
@@ -572,9 +587,7 @@ class LookupManager:
     async def _query(self, topic: str, access: Access, periodic: bool = False) -> TopicLayout:
         await self._discover()
         targets = self._pick(every=periodic)
-        self._logger.debug(
-            "lookup of %r (access=%s) on %s", topic, access, ", ".join(t.address for t in targets)
-        )
+        self._log_lookup(topic, access, targets)
         answers = await asyncio.gather(*(self._lookup_one(t, topic, access) for t in targets))
         layouts = sorted((a for a in answers if a.layout is not None), key=lambda a: a.seq)
         if layouts:
@@ -600,6 +613,11 @@ class LookupManager:
         )
         raise LookupFailedError(
             f"no nsqlookupd answered the lookup of topic {topic!r} (access={access}): {details}"
+        )
+
+    def _log_lookup(self, topic: str, access: Access, targets: list[_Lookupd]) -> None:
+        self._logger.debug(
+            "lookup of %r (access=%s) on %s", topic, access, ", ".join(t.address for t in targets)
         )
 
     async def _classic_nodes(self, topic: str, lookupds: list[_Lookupd]) -> TopicLayout | None:
@@ -767,9 +785,12 @@ class LookupManager:
 
     # ------------------------------------------------------------------ HTTP
 
-    def _http(self) -> httpx.AsyncClient:
+    def _http(self) -> HttpClient | httpx.AsyncClient:
         if self._client is None:
-            self._client = new_http_client(self._timeout, self._transport)
+            if self._transport is None:
+                self._client = HttpClient(self._timeout)
+            else:
+                self._client = new_http_client(self._timeout, self._transport)
         return self._client
 
     async def _get(
@@ -809,15 +830,23 @@ class LookupManager:
         timeout: float,
     ) -> object:
         url = lookupd.base_url + path
-        answer = await exchange(
-            self._http(),
-            "GET",
-            url,
-            params=params,
-            headers={"Accept": ACCEPT_V1},
-            timeout=timeout,
-            max_bytes=self._max_answer_bytes,
-        )
+        try:
+            answer = await exchange(
+                self._http(),
+                "GET",
+                url,
+                params=params,
+                headers={"Accept": ACCEPT_V1},
+                timeout=timeout,
+                max_bytes=self._max_answer_bytes,
+            )
+        except InvalidURL as exc:
+            raise _InvalidURL(str(exc)) from exc
+        except Exception as exc:
+            httpx = sys.modules.get("httpx")  # only a request through httpx raises its errors
+            if httpx is not None and isinstance(exc, httpx.InvalidURL):
+                raise _InvalidURL(str(exc)) from exc
+            raise
         status = answer.status
         try:
             return unwrap_response(status, answer.headers, answer.body)
