@@ -6,7 +6,9 @@ A *round* for one (topic, access):
 1. discovery: ``GET /listlookup`` on the known lookupds (shared by all topics, coalesced and
    rate-limited); the known set is the seeds plus every ``NodeIP:HttpPort`` listed. A failure,
    or a 404 from a classic lookupd, keeps the current set; seeds are never removed;
-2. ``GET /lookup?topic=T&access=r|w&metainfo=true`` on every healthy lookupd concurrently;
+2. ``GET /lookup?topic=T&access=r|w&metainfo=true`` on every healthy lookupd concurrently
+   (until a discovery has ended, the known lookupds are asked beside it and those it adds
+   once it ends, so that a new client's first lookup waits for one round trip, not two);
 3. merge (:func:`smartnsq.protocol.lookupd.merge_layouts`): union of the nodes, and for each
    partition the leader most lookupds agree on, ties going to the answer received last.
 
@@ -585,10 +587,7 @@ class LookupManager:
         return layout
 
     async def _query(self, topic: str, access: Access, periodic: bool = False) -> TopicLayout:
-        await self._discover()
-        targets = self._pick(every=periodic)
-        self._log_lookup(topic, access, targets)
-        answers = await asyncio.gather(*(self._lookup_one(t, topic, access) for t in targets))
+        targets, answers = await self._ask(topic, access, periodic)
         layouts = sorted((a for a in answers if a.layout is not None), key=lambda a: a.seq)
         if layouts:
             return merge_layouts(topic, access, [a.layout for a in layouts if a.layout is not None])
@@ -614,6 +613,42 @@ class LookupManager:
         raise LookupFailedError(
             f"no nsqlookupd answered the lookup of topic {topic!r} (access={access}): {details}"
         )
+
+    async def _ask(
+        self, topic: str, access: Access, periodic: bool
+    ) -> tuple[list[_Lookupd], list[_Answer]]:
+        """The lookupds this round asks, and their answers. Discovery comes first, and the
+        lookupds it lists are asked; but until a discovery has ended, the known ones (the
+        seeds) are asked beside it, so that a new client's first lookup waits for one round
+        trip and not two. Those it adds are asked once it ends; the answers of those it drops,
+        or finds not to be nsqlookupds, are left out, as if they had not been asked."""
+        if self._discovery_end is not None:
+            await self._discover()
+            targets = self._pick(every=periodic)
+            self._log_lookup(topic, access, targets)
+            answers = await asyncio.gather(*(self._lookup_one(t, topic, access) for t in targets))
+            return targets, answers
+        early = self._pick(every=periodic)
+        self._log_lookup(topic, access, early)
+        asked = [asyncio.ensure_future(self._lookup_one(t, topic, access)) for t in early]
+        try:
+            await self._discover()
+        except BaseException:
+            for task in asked:
+                task.cancel()
+            raise
+        current = self._pick(every=periodic)
+        later = [lookupd for lookupd in current if lookupd not in early]
+        if later:
+            self._log_lookup(topic, access, later)
+        answers = await asyncio.gather(*asked, *(self._lookup_one(t, topic, access) for t in later))
+        kept = [
+            (lookupd, answer)
+            for lookupd, answer in zip(early + later, answers, strict=True)
+            if lookupd in current
+            or (self._lookupds.get(lookupd.address) is lookupd and not lookupd.not_lookupd)
+        ]
+        return [lookupd for lookupd, _ in kept], [answer for _, answer in kept]
 
     def _log_lookup(self, topic: str, access: Access, targets: list[_Lookupd]) -> None:
         self._logger.debug(
