@@ -105,11 +105,11 @@ class HttpClient:
         self._proxied = _http_proxy_configured()
         self._httpx: httpx.AsyncClient | None = None
 
-    def plain(self, url: str) -> PlainHttp | None:
-        """The client for ``url`` when it is a plain-http one that no proxy takes."""
-        return self._plain if url.startswith("http://") and not self._proxied else None
-
-    def httpx_client(self) -> httpx.AsyncClient:
+    def route(self, url: str) -> PlainHttp | httpx.AsyncClient:
+        """What makes a request to ``url``: :class:`PlainHttp` for plain http that no proxy
+        takes, else the httpx client (made now if it is the first)."""
+        if url.startswith("http://") and not self._proxied:
+            return self._plain
         if self._httpx is None:
             self._httpx = new_http_client(self.timeout)
         return self._httpx
@@ -168,74 +168,51 @@ async def exchange(
     (what came beyond is never read), :class:`~smartnsq.errors.ConnectionClosedError` when
     nothing answers. httpx logs nothing of it (:mod:`smartnsq.transport.httplog`)."""
     late = f"{method} {url}: no complete answer within {timeout:.3g} s"
-    if isinstance(http, HttpClient):
-        plain = http.plain(url)
-        if plain is not None:
-            return await _exchange_plain(
-                plain, method, url, late, timeout, max_bytes, params, content, headers
-            )
-        http = http.httpx_client()
-    return await _exchange_httpx(
-        http, method, url, late, timeout, max_bytes, params, content, headers
-    )
-
-
-async def _exchange_plain(
-    plain: PlainHttp,
-    method: str,
-    url: str,
-    late: str,
-    timeout: float,
-    max_bytes: int,
-    params: dict[str, str] | None,
-    content: bytes | None,
-    headers: dict[str, str] | None,
-) -> HttpAnswer:
+    route = http.route(url) if isinstance(http, HttpClient) else http
+    timed_out: type[Exception] = _Never
+    no_answer: tuple[type[Exception], ...] = (MalformedAnswer, OSError)
+    if not isinstance(route, PlainHttp):
+        timed_out, failed = _httpx_failures()
+        no_answer += (failed,)
     try:
         async with asyncio.timeout(timeout):
-            answer = await plain.request(
-                method, url, max_bytes=max_bytes, params=params, content=content, headers=headers
-            )
-    except TimeoutError:
-        raise NSQTimeoutError(late) from None
-    except AnswerTooLarge as exc:
-        raise _too_large(url, max_bytes, exc.how) from None
-    except (MalformedAnswer, OSError) as exc:
-        raise _no_answer(method, url, exc) from exc
-    return HttpAnswer(*answer)
-
-
-async def _exchange_httpx(
-    http: httpx.AsyncClient,
-    method: str,
-    url: str,
-    late: str,
-    timeout: float,
-    max_bytes: int,
-    params: dict[str, str] | None,
-    content: bytes | None,
-    headers: dict[str, str] | None,
-) -> HttpAnswer:
-    import httpx
-
-    try:
-        async with asyncio.timeout(timeout):
+            if isinstance(route, PlainHttp):
+                status, answer_headers, body = await route.request(
+                    method,
+                    url,
+                    max_bytes=max_bytes,
+                    params=params,
+                    content=content,
+                    headers=headers,
+                )
+                return HttpAnswer(status, answer_headers, body)
             with quiet():
-                async with http.stream(
+                async with route.stream(
                     method, url, params=params, content=content, headers=headers, timeout=timeout
                 ) as response:
                     body = await _read_bounded(response, url, max_bytes)
+            return HttpAnswer(response.status_code, response.headers, body)
     except TimeoutError:
         raise NSQTimeoutError(late) from None
-    except httpx.TimeoutException as exc:
+    except timed_out as exc:
         raise NSQTimeoutError(late) from exc
-    except (httpx.HTTPError, OSError) as exc:
-        raise _no_answer(method, url, exc) from exc
-    return HttpAnswer(response.status_code, response.headers, body)
+    except AnswerTooLarge as exc:
+        raise _too_large(url, max_bytes, exc.how) from None
+    except no_answer as exc:
+        raise ConnectionClosedError(
+            f"{method} {url} got no answer: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
-def _no_answer(method: str, url: str, exc: BaseException) -> ConnectionClosedError:
-    return ConnectionClosedError(f"{method} {url} got no answer: {type(exc).__name__}: {exc}")
+class _Never(Exception):
+    """Raised by nothing: what a request that makes no use of httpx catches of its errors."""
+
+
+def _httpx_failures() -> tuple[type[Exception], type[Exception]]:
+    """httpx's timeout, and its other errors (loaded with its client)."""
+    import httpx
+
+    return httpx.TimeoutException, httpx.HTTPError
 
 
 async def _read_bounded(response: httpx.Response, url: str, max_bytes: int) -> bytes:

@@ -14,6 +14,7 @@ import pytest
 from smartnsq.errors import ConnectionClosedError, NSQTimeoutError, ProtocolError
 from smartnsq.transport import plainhttp
 from smartnsq.transport.httpclient import HttpClient, exchange
+from smartnsq.transport.plainhttp import PlainHttp
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 CHUNKED = (
@@ -201,11 +202,14 @@ async def test_a_silent_server_is_bounded_by_the_deadline() -> None:
             await exchange(http, "GET", f"http://127.0.0.1:{port}/lookup", timeout=0.2)
 
 
-def test_https_and_proxied_requests_go_through_httpx(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_https_and_proxied_requests_go_through_httpx(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
         monkeypatch.delenv(name, raising=False)
-    direct = HttpClient(5.0)
-    assert direct.plain("http://127.0.0.1:4161/lookup") is not None
-    assert direct.plain("https://127.0.0.1:4161/lookup") is None
+    async with client() as direct:
+        assert isinstance(direct.route("http://127.0.0.1:4161/lookup"), PlainHttp)
+        assert not isinstance(direct.route("https://127.0.0.1:4161/lookup"), PlainHttp)
     monkeypatch.setenv("HTTP_PROXY", "http://proxy:3128")
-    assert HttpClient(5.0).plain("http://127.0.0.1:4161/lookup") is None
+    async with client() as proxied:
+        assert not isinstance(proxied.route("http://127.0.0.1:4161/lookup"), PlainHttp)
