@@ -115,7 +115,7 @@ def test_soak_bench(tmp_path: Path) -> None:
 
 def test_startup_bench(tmp_path: Path) -> None:
     result = tmp_path / "startup.json"
-    one_quick_round = ["--rounds=1", "--consume=500", "--publish=500", "--quiet-patience=0"]
+    one_quick_round = ["--rounds=1", "--consume=500", "--publish=500", *FAST]
     out = run_bench("startup.py", *one_quick_round, f"--baseline=again={ROOT}", f"--json={result}")
     assert "youzan: construction to first ack" in out
     data = json.loads(result.read_text())
