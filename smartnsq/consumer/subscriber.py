@@ -17,9 +17,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Coroutine, Hashable
-from typing import Any, Protocol
-
-import httpx
+from typing import TYPE_CHECKING, Any, Protocol
 
 from smartnsq.consumer.message import Message
 from smartnsq.consumer.subscription import Answerer, Key, Subscription
@@ -42,6 +40,9 @@ from smartnsq.transport.httpclient import new_http_client
 from smartnsq.transport.lookup import LookupManager
 from smartnsq.transport.offsets import set_channel_offset
 from smartnsq.transport.waiting import wait_event
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["MISSING_TOPIC_BACKOFF", "STABLE_AFTER", "Subscriber", "SubscriptionListener"]
 

@@ -6,7 +6,9 @@ A *round* for one (topic, access):
 1. discovery: ``GET /listlookup`` on the known lookupds (shared by all topics, coalesced and
    rate-limited); the known set is the seeds plus every ``NodeIP:HttpPort`` listed. A failure,
    or a 404 from a classic lookupd, keeps the current set; seeds are never removed;
-2. ``GET /lookup?topic=T&access=r|w&metainfo=true`` on every healthy lookupd concurrently;
+2. ``GET /lookup?topic=T&access=r|w&metainfo=true`` on every healthy lookupd concurrently
+   (until a discovery has ended, the known lookupds are asked beside it and those it adds
+   once it ends, so that a new client's first lookup waits for one round trip, not two);
 3. merge (:func:`smartnsq.protocol.lookupd.merge_layouts`): union of the nodes, and for each
    partition the leader most lookupds agree on, ties going to the answer received last.
 
@@ -36,13 +38,13 @@ import inspect
 import itertools
 import logging
 import random
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
-
-import httpx
 
 from smartnsq.errors import (
     ClientClosedError,
@@ -76,7 +78,16 @@ from smartnsq.protocol.lookupd import (
 )
 from smartnsq.protocol.validation import check_topic
 from smartnsq.routing.addresses import AddressMap, AddressMapping
-from smartnsq.transport.httpclient import DEFAULT_MAX_ANSWER_BYTES, exchange, new_http_client
+from smartnsq.transport.httpclient import (
+    DEFAULT_MAX_ANSWER_BYTES,
+    HttpClient,
+    exchange,
+    new_http_client,
+)
+from smartnsq.transport.plainhttp import InvalidURL
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "DEFAULT_LOOKUPD_PORT",
@@ -98,8 +109,14 @@ _Key = tuple[str, Access]
 # wait_until's rounds are at least this far apart, even with refresh_min_interval=0.
 _MIN_WAIT_STEP = 0.05
 
+
+class _InvalidURL(Exception):
+    """The request's URL was refused before anything was sent (``httpx.InvalidURL``, or the
+    plain-http client's): an address no URL holds."""
+
+
 # What a lookupd that is down or broken raises; anything else is a bug and propagates.
-_FAILURES = (ConnectionClosedError, NSQTimeoutError, ProtocolError, httpx.InvalidURL)
+_FAILURES = (ConnectionClosedError, NSQTimeoutError, ProtocolError, _InvalidURL)
 
 
 class _ServerFault(ProtocolError):
@@ -133,7 +150,7 @@ def normalize_seed(seed: object) -> tuple[str, str]:
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, ConnectionClosedError) and exc.__cause__ is not None:
+    if isinstance(exc, (ConnectionClosedError, _InvalidURL)) and exc.__cause__ is not None:
         exc = exc.__cause__  # what the request met (the URL is said beside it)
     if isinstance(exc, _ServerFault):
         return str(exc)
@@ -274,7 +291,7 @@ class LookupManager:
         self._clock = clock
         self._rand = rand
         self._sleep = sleep
-        self._client = http_client
+        self._client: HttpClient | httpx.AsyncClient | None = http_client
         self._owns_client = http_client is None
         self._transport = transport
         self._logger = logger if logger is not None else logging.getLogger("smartnsq.lookup")
@@ -573,12 +590,7 @@ class LookupManager:
         return layout
 
     async def _query(self, topic: str, access: Access, periodic: bool = False) -> TopicLayout:
-        await self._discover()
-        targets = self._pick(every=periodic)
-        self._logger.debug(
-            "lookup of %r (access=%s) on %s", topic, access, ", ".join(t.address for t in targets)
-        )
-        answers = await asyncio.gather(*(self._lookup_one(t, topic, access) for t in targets))
+        targets, answers = await self._ask(topic, access, periodic)
         layouts = sorted((a for a in answers if a.layout is not None), key=lambda a: a.seq)
         if layouts:
             return merge_layouts(topic, access, [a.layout for a in layouts if a.layout is not None])
@@ -603,6 +615,47 @@ class LookupManager:
         )
         raise LookupFailedError(
             f"no nsqlookupd answered the lookup of topic {topic!r} (access={access}): {details}"
+        )
+
+    async def _ask(
+        self, topic: str, access: Access, periodic: bool
+    ) -> tuple[list[_Lookupd], list[_Answer]]:
+        """The lookupds this round asks, and their answers. Discovery comes first, and the
+        lookupds it lists are asked; but until a discovery has ended, the known ones (the
+        seeds) are asked beside it, so that a new client's first lookup waits for one round
+        trip and not two. Those it adds are asked once it ends; the answers of those it drops,
+        or finds not to be nsqlookupds, are left out, as if they had not been asked."""
+        if self._discovery_end is not None:
+            await self._discover()
+            targets = self._pick(every=periodic)
+            self._log_lookup(topic, access, targets)
+            answers = await asyncio.gather(*(self._lookup_one(t, topic, access) for t in targets))
+            return targets, answers
+        early = self._pick(every=periodic)
+        self._log_lookup(topic, access, early)
+        asked = [asyncio.ensure_future(self._lookup_one(t, topic, access)) for t in early]
+        try:
+            await self._discover()
+        except BaseException:
+            for task in asked:
+                task.cancel()
+            raise
+        current = self._pick(every=periodic)
+        later = [lookupd for lookupd in current if lookupd not in early]
+        if later:
+            self._log_lookup(topic, access, later)
+        answers = await asyncio.gather(*asked, *(self._lookup_one(t, topic, access) for t in later))
+        kept = [
+            (lookupd, answer)
+            for lookupd, answer in zip(early + later, answers, strict=True)
+            if lookupd in current
+            or (self._lookupds.get(lookupd.address) is lookupd and not lookupd.not_lookupd)
+        ]
+        return [lookupd for lookupd, _ in kept], [answer for _, answer in kept]
+
+    def _log_lookup(self, topic: str, access: Access, targets: list[_Lookupd]) -> None:
+        self._logger.debug(
+            "lookup of %r (access=%s) on %s", topic, access, ", ".join(t.address for t in targets)
         )
 
     async def _classic_nodes(self, topic: str, lookupds: list[_Lookupd]) -> TopicLayout | None:
@@ -778,9 +831,12 @@ class LookupManager:
 
     # ------------------------------------------------------------------ HTTP
 
-    def _http(self) -> httpx.AsyncClient:
+    def _http(self) -> HttpClient | httpx.AsyncClient:
         if self._client is None:
-            self._client = new_http_client(self._timeout, self._transport)
+            if self._transport is None:
+                self._client = HttpClient(self._timeout)
+            else:
+                self._client = new_http_client(self._timeout, self._transport)
         return self._client
 
     async def _get(
@@ -820,15 +876,23 @@ class LookupManager:
         timeout: float,
     ) -> object:
         url = lookupd.base_url + path
-        answer = await exchange(
-            self._http(),
-            "GET",
-            url,
-            params=params,
-            headers={"Accept": ACCEPT_V1},
-            timeout=timeout,
-            max_bytes=self._max_answer_bytes,
-        )
+        try:
+            answer = await exchange(
+                self._http(),
+                "GET",
+                url,
+                params=params,
+                headers={"Accept": ACCEPT_V1},
+                timeout=timeout,
+                max_bytes=self._max_answer_bytes,
+            )
+        except InvalidURL as exc:
+            raise _InvalidURL(str(exc)) from exc
+        except Exception as exc:
+            httpx = sys.modules.get("httpx")  # only a request through httpx raises its errors
+            if httpx is not None and isinstance(exc, httpx.InvalidURL):
+                raise _InvalidURL(str(exc)) from exc
+            raise
         status = answer.status
         try:
             return unwrap_response(status, answer.headers, answer.body)
