@@ -185,6 +185,29 @@ class _Lookupd:
     not_lookupd: str = ""  # why it is not an nsqlookupd at all (an nsqd's HTTP port...)
 
 
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    """One caller of :meth:`LookupManager.wait_until`: what it waits for, until when (on the
+    manager's clock), and the future its answer goes to."""
+
+    predicate: Callable[[TopicLayout], bool]
+    until: float
+    answer: asyncio.Future[TopicLayout | None]
+
+
+class _Waiting:
+    """The callers waiting for a layout of one (topic, access), and the one task that asks
+    the lookupds for them, round after round."""
+
+    __slots__ = ("task", "waiters", "wake", "wake_at")
+
+    def __init__(self) -> None:
+        self.waiters: dict[_Waiter, None] = {}  # insertion-ordered; O(1) removal
+        self.task: asyncio.Task[None] | None = None
+        self.wake = asyncio.Event()  # a waiter that must not wait for the next round
+        self.wake_at = float("inf")  # when the sleeping task looks again by itself
+
+
 @dataclass(eq=False)
 class _Watcher:
     callback: WatchCallback
@@ -303,6 +326,7 @@ class LookupManager:
         self._inflight: dict[_Key, asyncio.Task[TopicLayout]] = {}
         self._tracked: dict[_Key, float] = {}  # key -> when its next periodic refresh is due
         self._watchers: dict[_Key, list[_Watcher]] = {}
+        self._waiting: dict[_Key, _Waiting] = {}
         self._discovery: asyncio.Task[None] | None = None
         self._discovery_end: float | None = None
         self._poller: asyncio.Task[None] | None = None
@@ -374,19 +398,83 @@ class LookupManager:
         key = self._key(topic, access)
         self._track(key)
         self._start_poller()
-        deadline = self._clock() + timeout
-        while True:
-            try:
-                layout = await self._refresh(key, forced=True)
-            except (LookupFailedError, TopicNotFoundError, TopicHasNoChannelError) as exc:
-                self._logger.debug("waiting for a layout of %r (access=%s): %s", *key, exc)
-            else:
-                if predicate(layout):
-                    return layout
-            remaining = deadline - self._clock()
-            if remaining <= 0:
-                return None
-            await self._sleep(min(max(self._refresh_min_interval, _MIN_WAIT_STEP), remaining))
+        # Every caller waiting for this key shares one task that asks in rounds: a waiter is
+        # a predicate and a future, whatever the number (a failover can have thousands of
+        # publishes waiting for one partition's leader).
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(predicate, self._clock() + timeout, loop.create_future())
+        waiting = self._waiting.get(key)
+        if waiting is None:
+            waiting = self._waiting[key] = _Waiting()
+        waiting.waiters[waiter] = None
+        if waiting.task is None or waiting.task.done():
+            waiting.task = loop.create_task(
+                self._wait_rounds(key, waiting), name=f"smartnsq-lookup-wait-{key[0]}"
+            )
+        elif waiter.until < waiting.wake_at:
+            waiting.wake.set()  # sooner than the next round: one for it now
+        try:
+            return await waiter.answer
+        finally:
+            waiting.waiters.pop(waiter, None)
+
+    async def _wait_rounds(self, key: _Key, waiting: _Waiting) -> None:
+        """Rounds of forced refreshes for the waiters of ``key``, ``refresh_min_interval``
+        apart (sooner for a waiter whose time ends first), each waiter answered with the first
+        layout that satisfies its predicate, or None once its time is up (after one round at
+        least)."""
+        step = max(self._refresh_min_interval, _MIN_WAIT_STEP)
+        waiters = waiting.waiters
+        try:
+            while waiters:
+                waiting.wake.clear()
+                layout: TopicLayout | None = None
+                try:
+                    layout = await self._refresh(key, forced=True)
+                except (LookupFailedError, TopicNotFoundError, TopicHasNoChannelError) as exc:
+                    self._logger.debug("waiting for a layout of %r (access=%s): %s", *key, exc)
+                now = self._clock()
+                for waiter in list(waiters):
+                    if waiter.answer.done():
+                        continue
+                    if layout is not None and waiter.predicate(layout):
+                        waiter.answer.set_result(layout)
+                    elif waiter.until <= now:
+                        waiter.answer.set_result(None)
+                pending = [waiter.until for waiter in waiters if not waiter.answer.done()]
+                if not pending:
+                    break
+                delay = min(step, max(0.0, min(pending) - now))
+                waiting.wake_at = now + delay
+                if not waiting.wake.is_set():
+                    await self._idle_or_woken(waiting.wake, delay)
+                waiting.wake_at = float("inf")
+        except BaseException as exc:
+            error = exc if isinstance(exc, NSQError) else None
+            if error is None and self._closed:
+                error = ClientClosedError("the LookupManager was closed during the wait")
+            for waiter in waiters:
+                if not waiter.answer.done():
+                    if error is None:
+                        waiter.answer.cancel()
+                    else:
+                        waiter.answer.set_exception(error)
+            if not isinstance(exc, (asyncio.CancelledError, NSQError)):
+                raise
+        finally:
+            if self._waiting.get(key) is waiting and not waiters:
+                del self._waiting[key]
+
+    async def _idle_or_woken(self, wake: asyncio.Event, delay: float) -> None:
+        """Sleep ``delay`` with the injected sleep, or less if ``wake`` is set meanwhile."""
+        sleeper = asyncio.ensure_future(self._sleep(delay))
+        woken = asyncio.ensure_future(wake.wait())
+        try:
+            await asyncio.wait({sleeper, woken}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            woken.cancel()
+            await asyncio.gather(sleeper, woken, return_exceptions=True)
 
     def watch(self, topic: str, access: Access, callback: WatchCallback) -> Callable[[], None]:
         """Call ``callback(layout)`` (sync or async) whenever a refresh, periodic or forced,
@@ -473,7 +561,8 @@ class LookupManager:
         self._closed = True
         current = asyncio.current_task()
         tasks: list[asyncio.Task[object]] = []
-        for task in (self._poller, self._discovery, *self._inflight.values()):
+        waits = [waiting.task for waiting in self._waiting.values()]
+        for task in (self._poller, self._discovery, *self._inflight.values(), *waits):
             if task is not None and task is not current and not task.done():
                 task.cancel()
                 tasks.append(task)

@@ -527,11 +527,14 @@ async def test_wait_until_asks_in_rounds_until_the_layout_suits(
         asyncio.create_task(manager.wait_until("t", "w", lambda layout: 0 in layout.partitions, 10))
         for _ in range(5)
     ]
-    await until(lambda: clock.sleeps.count(0.25) == 5)
+    # One task asks for all five: one round, then one sleep, whatever the number of waiters
+    # (each waiter is a predicate and a future, not a loop of its own).
+    await until(lambda: clock.sleeps.count(0.25) == 1)
     assert cluster.count(A, "/lookup") == 2  # one round for the five waiters
+    assert len([t for t in asyncio.all_tasks() if "lookup-wait" in t.get_name()]) == 1
     clock.now += 0.25
     _wake_due(clock)
-    await until(lambda: clock.sleeps.count(0.25) == 10)
+    await until(lambda: clock.sleeps.count(0.25) == 2)
     assert cluster.count(A, "/lookup") == 3
     lookupd.lookup = youzan_answer({0: 24510, 1: 24520}, partition_num=2)  # a leader again
     clock.now += 0.25
@@ -1051,3 +1054,18 @@ async def test_an_nsqd_given_as_a_lookupd_is_named_and_skipped(make: Make) -> No
     await both.discover()  # one real lookupd is enough; the nsqd is never asked to look up
     await both.lookup("t")
     assert (cluster.count(A, "/lookup"), cluster.count(B, "/lookup")) == (0, 1)
+
+
+async def test_closing_ends_every_wait_with_a_typed_error(make: Make, clock: FakeTime) -> None:
+    cluster = FakeCluster()
+    cluster.add(A, FakeLookupd(youzan_answer({1: 24520}, partition_num=2)))
+    manager = make(cluster, [A])
+    await manager.lookup("t", "w")
+    waiters = [
+        asyncio.create_task(manager.wait_until("t", "w", lambda layout: False, 10))
+        for _ in range(3)
+    ]
+    await until(lambda: clock.sleeping > 0)
+    await manager.close()
+    outcomes = await asyncio.gather(*waiters, return_exceptions=True)
+    assert all(isinstance(outcome, ClientClosedError) for outcome in outcomes)
