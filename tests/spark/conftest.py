@@ -120,7 +120,8 @@ def subscriptions(monkeypatch: pytest.MonkeyPatch) -> list[Subscription]:
     def subscribe(self: ClientSession, command: Any, kind: str) -> Any:
         answer = original(self, command, kind)
         channel = self.channel
-        pid = int(self.client_id.rsplit(":", 1)[-1]) if ":" in self.client_id else -1
+        client_id = self.peer.client_id
+        pid = int(client_id.rsplit(":", 1)[-1]) if ":" in client_id else -1
         if channel is not None:
             log_ = channel.log
             seen.append(
