@@ -43,6 +43,24 @@ class ProducerStats:
         self.failures += 1
         self.failed_messages += messages
 
+    def merged(self, other: ProducerStats, connections: int) -> ProducerStats:
+        """These counters and ``other``'s added up (``other``'s publishes were counted
+        apart: a blocking publish's first try, in its calling thread), with ``connections``
+        more open."""
+        per_partition = dict(self.per_partition)
+        for partition, messages in other.per_partition.items():
+            per_partition[partition] = per_partition.get(partition, 0) + messages
+        return ProducerStats(
+            published=self.published + other.published,
+            publishes=self.publishes + other.publishes,
+            published_bytes=self.published_bytes + other.published_bytes,
+            retries=self.retries + other.retries,
+            failures=self.failures + other.failures,
+            failed_messages=self.failed_messages + other.failed_messages,
+            connections=self.connections + connections,
+            per_partition=per_partition,
+        )
+
     def snapshot(self, connections: int) -> ProducerStats:
         """A copy for the caller, with the open connections counted now."""
         copy = dataclasses.replace(self, connections=connections)
