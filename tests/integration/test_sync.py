@@ -74,6 +74,12 @@ def _producer(tc: ThreadedCluster, first_try: str = "here", **kwargs: Any) -> sy
     return producer
 
 
+def _idle_connections(producer: sync.Producer) -> list[Any]:
+    """The blocking connections no thread uses now."""
+    assert producer._here is not None
+    return [conn for conns in producer._here._pool._idle.values() for conn in conns]
+
+
 def _tried_here(producer: sync.Producer) -> int:
     """Publishes whose first try, made in their calling thread, was answered."""
     return 0 if producer._here is None else producer._here._stats.publishes
@@ -817,7 +823,10 @@ def _child_report(inherited: sync.Producer, url: str) -> dict[str, Any]:
 def test_fork_safety(tc: ThreadedCluster) -> None:
     url = tc.lookupd_url
     with _producer(tc) as producer:
-        producer.publish("orders", b"from-parent")
+        producer.publish("orders", b"from-parent", partition=1)
+        producer.publish("orders", b"from-parent-here", partition=1)
+        idle_before = _idle_connections(producer)
+        assert len(idle_before) == 1
         read_end, write_end = os.pipe()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
@@ -858,6 +867,9 @@ def test_fork_safety(tc: ThreadedCluster) -> None:
         assert "create the client after fork, in the worker process" in report["error"]
         assert report["partition"] == 3
         producer.publish("orders", b"parent-still-works")
+        # the child's close() left the parent's connections alone
+        assert producer.publish("orders", b"here-still", partition=1).tries == 1
+        assert idle_before[0] in _idle_connections(producer)
     log = _log(tc)
     everything = [b for bodies in log.values() for b in bodies]
     assert b"from-child" in log[3]
