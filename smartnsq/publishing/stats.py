@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 
+from smartnsq.protocol.validation import checked_size
 from smartnsq.publishing.result import PublishResult
 
 __all__ = ["ProducerStats"]
@@ -31,12 +33,13 @@ class ProducerStats:
 
     def acknowledged(self, bodies: list[bytes], results: list[PublishResult]) -> None:
         """Count one publish nsqd acknowledged (its bodies, their results)."""
-        self.published += len(results)
+        count = len(results)
+        self.published += count
         self.publishes += 1
-        self.published_bytes += sum(map(len, bodies)) if len(bodies) > 1 else len(bodies[0])
+        self.published_bytes += len(bodies[0]) if count == 1 else _size(bodies)
         partition = results[0].partition
         per_partition = self.per_partition
-        per_partition[partition] = per_partition.get(partition, 0) + len(results)
+        per_partition[partition] = per_partition.get(partition, 0) + count
 
     def failed(self, messages: int) -> None:
         """Count one publish of ``messages`` messages that raised."""
@@ -66,3 +69,9 @@ class ProducerStats:
         copy = dataclasses.replace(self, connections=connections)
         copy.per_partition = dict(self.per_partition)
         return copy
+
+
+def _size(bodies: list[bytes]) -> int:
+    """The bytes of a batch's bodies together (compiled: no Python call per body)."""
+    size = checked_size(bodies, sys.maxsize)
+    return size if size >= 0 else sum(map(len, bodies))
