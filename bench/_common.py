@@ -446,6 +446,7 @@ class Job:
     handler: str = "async"  # consume: "async" or "plain" (a def, run in threads)
     loop: str = "asyncio"  # the worker's event loop: "asyncio" or "uvloop"
     gc: str = "default"  # the worker's garbage collector: "default" or "freeze"
+    blocking: bool = False  # smartnsq pub1 through smartnsq.sync.Producer
     # extra environment of the worker: PYTHONPATH (another smartnsq tree), SMARTNSQ_PURE
     env: tuple[tuple[str, str], ...] = ()
 
@@ -491,6 +492,8 @@ def run_fresh(
             argv += [f"--linger={job.linger}", f"--max-batch={job.max_batch}"]
         if job.client == "smartnsq":
             argv += [f"--handler={job.handler}", f"--loop={job.loop}", f"--gc={job.gc}"]
+            if job.blocking:
+                argv.append("--blocking")
         limit = timeout if timeout is not None else 60.0 + job.messages / 1000
         env = worker_env(dict(job.env))
         return run_worker(job.client, job.mode, argv, timeout=limit, python=python, env=env)

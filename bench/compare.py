@@ -16,7 +16,9 @@ each round:
 100-byte bodies. Workloads: consume (pre-filled topic, max_in_flight 2500, FIN each),
 pub1 (sequential PUB, one in flight; latency of each), pub100 (100 concurrent publishers
 sharing one producer), mpub100 (batches of 100, ``--mpub-window`` in flight); smartnsq also
-pub100 with auto-batching (``linger``) and the youzan rows.
+pub1 through its blocking ``smartnsq.sync.Producer`` (pub1-blocking: beside gnsq's blocking
+publish and its own async pub1 of the same round), pub100 with auto-batching (``linger``)
+and the youzan rows.
 
 smartnsq runs in *variants*, each a row of its own: ``smartnsq`` (this tree, asyncio's
 loop, the compiled hot path where it is built), ``+uvloop`` (the worker on uvloop),
@@ -116,6 +118,7 @@ class Case:
     linger: float | None = None
     max_batch: int = 50
     handler: str = "async"
+    blocking: bool = False  # through smartnsq.sync.Producer
 
     @property
     def base(self) -> str:
@@ -124,6 +127,7 @@ class Case:
 
 
 BASES = {
+    "pub1-blocking": "pub1",
     "pub100-batched": "pub100",
     "consume-youzan4": "consume",
     "pub100-youzan4": "pub100",
@@ -133,6 +137,7 @@ WORKLOADS = (
     "consume",
     "consume-plain",
     "pub1",
+    "pub1-blocking",
     "pub100",
     "pub100-batched",
     "mpub100",
@@ -147,6 +152,7 @@ def cases(linger: float, max_batch: int, variants: Sequence[str]) -> list[Case]:
         found += [Case(mode, client, mode) for client in (*variants, *OTHERS)]
     for variant in variants:
         found.append(Case("consume-plain", variant, "consume", handler="plain"))
+        found.append(Case("pub1-blocking", variant, "pub1", blocking=True))
         found.append(Case("pub100-batched", variant, "pub100", linger=linger, max_batch=max_batch))
         found.append(Case("consume-youzan4", variant, "consume", youzan=True))
         found.append(Case("pub100-youzan4", variant, "pub100", youzan=True))
@@ -155,6 +161,10 @@ def cases(linger: float, max_batch: int, variants: Sequence[str]) -> list[Case]:
 
 def is_smartnsq(client: str) -> bool:
     return client not in OTHERS
+
+
+# A target's reference: the same variant's run of the workload's base (its async twin).
+SAME_VARIANT = "the same variant"
 
 
 @dataclass(frozen=True)
@@ -176,6 +186,13 @@ TARGETS = (
     Target("PUB, 100 in flight >= 2.9x pynsq", "pub100", "ratio", 2.9),
     Target("PUB, 100 in flight, auto-batching >= 5x pynsq", "pub100-batched", "ratio", 5.0),
     Target("sequential PUB latency p50 <= 0.85x pynsq", "pub1", "latency", 0.85),
+    Target(
+        "blocking sequential PUB >= 0.9x the async one (issue 29)",
+        "pub1-blocking",
+        "ratio",
+        0.9,
+        against=SAME_VARIANT,
+    ),
 )
 
 
@@ -210,6 +227,7 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
         handler=case.handler,
         loop=loop,
         gc="freeze" if is_smartnsq(case.client) and Variant.parse(case.client).gc else "default",
+        blocking=case.blocking,
         env=env,
     )
     return measure(job, Conditions.from_args(args), log)
@@ -298,6 +316,8 @@ def summarize(runs: list[dict[str, Any]], selected: list[Case]) -> dict[str, Any
             for other in reference_variants(case.client)
             if other in present and other != case.client
         ]
+        if case.blocking:  # against the same variant's async publish, too
+            references.append((case.client, case.base))
         for other, base in references:
             for metric, ratio in METRICS:
                 latency = metric in ("p50", "p99")
@@ -377,11 +397,12 @@ def check_targets(rows: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> l
                         value = row.get(key)
             else:
                 metric = "p50" if target.kind == "latency" else "msgs/s"
+                against = variant if target.against == SAME_VARIANT else target.against
                 for ratio in ratios:
                     if (ratio["workload"], ratio["client"], ratio["against"], ratio["metric"]) == (
                         target.workload,
                         variant,
-                        target.against,
+                        against,
                         metric,
                     ):
                         value = ratio["ratio"]

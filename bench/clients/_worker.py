@@ -207,6 +207,11 @@ def parse_args(client: str, workloads: tuple[str, ...], argv: list[str] | None =
         help="freeze: gc.freeze() once started and warmed up (what exists then is never "
         "collected again)",
     )
+    parser.add_argument(
+        "--blocking",
+        action="store_true",
+        help="smartnsq pub1: publish through smartnsq.sync.Producer (blocking calls)",
+    )
     parser.add_argument("--cluster-pid", type=int, help="read this process's CPU too")
     parser.add_argument("--cpu", type=int, help="pin this worker to this core")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up after (s)")
