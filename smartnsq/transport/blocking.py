@@ -150,7 +150,13 @@ class BlockingConnection(SessionLink):
         self.written = False
         try:
             compress = session.compress
-            self._write(data if compress is None else compress(data), deadline, now)
+            try:
+                self._write(data if compress is None else compress(data), deadline, now)
+            except BaseException:
+                # Cut short (Ctrl-C) with part of it in the socket, maybe: nothing can follow.
+                if not self._closed:
+                    self._lost(ConnectionClosedError("a write was interrupted", self.address))
+                raise
             self.written = True
             until: float | None = None
             if request_deadline < deadline and session.pending_count == 1:
@@ -300,7 +306,7 @@ class BlockingConnection(SessionLink):
         if sock is None or not self.is_open:
             return False
         try:
-            readable, _, _ = select.select([sock], [], [], 0)
+            readable = _readable(sock)
         except (OSError, ValueError):
             self._drop()
             return False
@@ -415,6 +421,17 @@ class BlockingPool:
             conn.close()
         for conn in busy:
             conn.interrupt()
+
+
+def _readable(sock: socket.socket) -> bool:
+    """Whether something (or the end of the stream) waits to be read, without waiting (poll:
+    no limit on the descriptor's number, as select has)."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([sock], [], [], 0)
+    return bool(readable)
 
 
 def _timeval(seconds: float) -> bytes:

@@ -218,3 +218,20 @@ async def test_the_pool_keeps_one_per_thread_at_once_and_asks_for_no_heartbeats(
     with pytest.raises(e.ClientClosedError):
         await _in_thread(pool.connect, key, time.monotonic() + 5)
     single.heal(0)
+
+
+async def test_a_write_cut_short_closes_the_connection(
+    single: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C in the middle of a write may leave part of a command in the socket: nothing
+    can follow it on this connection."""
+    conn = await _in_thread(_connected, single.nsqd_addresses[0])
+
+    def interrupted(*args: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(conn, "_write", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _request(conn, c.pub("t", b"cut"))
+    assert not conn.written
+    assert not conn.is_open
