@@ -130,7 +130,9 @@ BASES = {
     "pub1-blocking": "pub1",
     "pub100-batched": "pub100",
     "consume-youzan4": "consume",
+    "pub1-youzan4": "pub1",
     "pub100-youzan4": "pub100",
+    "mpub100-youzan4": "mpub100",
     "consume-plain": "consume",
 }
 WORKLOADS = (
@@ -142,7 +144,9 @@ WORKLOADS = (
     "pub100-batched",
     "mpub100",
     "consume-youzan4",
+    "pub1-youzan4",
     "pub100-youzan4",
+    "mpub100-youzan4",
 )
 
 
@@ -155,7 +159,9 @@ def cases(linger: float, max_batch: int, variants: Sequence[str]) -> list[Case]:
         found.append(Case("pub1-blocking", variant, "pub1", blocking=True))
         found.append(Case("pub100-batched", variant, "pub100", linger=linger, max_batch=max_batch))
         found.append(Case("consume-youzan4", variant, "consume", youzan=True))
+        found.append(Case("pub1-youzan4", variant, "pub1", youzan=True))
         found.append(Case("pub100-youzan4", variant, "pub100", youzan=True))
+        found.append(Case("mpub100-youzan4", variant, "mpub100", youzan=True))
     return found
 
 
