@@ -27,8 +27,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from types import TracebackType
-
-import httpx
+from typing import TYPE_CHECKING
 
 from smartnsq.client.moves import announce
 from smartnsq.errors import (
@@ -73,6 +72,9 @@ from smartnsq.routing.addresses import AddressMap, AddressMapping
 from smartnsq.transport.httpclient import DEFAULT_MAX_ANSWER_BYTES, exchange, new_http_client
 from smartnsq.transport.lookup import normalize_seed
 from smartnsq.transport.offsets import read_channel_offsets, set_channel_offset
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["MAX_PARTITIONS", "MAX_REPLICAS", "Admin", "PartitionOffsets", "SeekResult"]
 

@@ -51,6 +51,7 @@ __all__ = [
     "NoWritablePartitionError",
     "NotLeaderError",
     "NotLookupdError",
+    "NotNsqdError",
     "NotWritableError",
     "OrderViolationError",
     "OrderedSubscribeRequiredError",
@@ -103,6 +104,11 @@ class ValidationError(NSQError, ValueError):
 
 class ProtocolError(NSQError):
     """The peer sent bytes that do not follow the NSQ protocol (corrupt frame, bad size...)."""
+
+
+class NotNsqdError(ProtocolError):
+    """An address given as an nsqd TCP port answers HTTP (nsqd's HTTP port, another web
+    service): a configuration mistake that retrying cannot fix."""
 
 
 class ConnectionClosedError(NSQError, ConnectionError):

@@ -13,21 +13,26 @@ W3C context travels only on ext topics) is ``messaging.message.conversation_id``
 
 Whether anything is recorded is decided once, when a client is built: with no provider given
 and no SDK installed (the API's proxy providers), every hook is skipped, so uninstrumented
-applications pay nothing on the hot path.
+applications pay nothing on the hot path, nor at import: ``opentelemetry`` is loaded only
+when a provider is given, when the application has loaded the API (only through it can the
+application or an SDK set a global provider), or when ``OTEL_PYTHON_TRACER_PROVIDER`` /
+``OTEL_PYTHON_METER_PROVIDER`` name one (what opentelemetry-api reads when none is set).
+Otherwise the API would answer with its proxy provider: nothing to record.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
-
-from opentelemetry import context as otel_context
-from opentelemetry import metrics, propagate, trace
-from opentelemetry.trace import ProxyTracerProvider, Span, SpanKind, Status, StatusCode
 
 from smartnsq._version import __version__
 
 if TYPE_CHECKING:
+    from opentelemetry.metrics import Observation
+    from opentelemetry.trace import Span, Tracer
+
     from smartnsq.consumer.message import Message
     from smartnsq.publishing.result import PublishResult
 
@@ -36,13 +41,35 @@ __all__ = ["Telemetry", "describe_process", "end_send_span", "message_id"]
 SYSTEM = "nsq"
 
 
+# The variables opentelemetry-api's get_tracer_provider / get_meter_provider load a provider
+# from when none is set (opentelemetry.environment_variables).
+_TRACER_PROVIDER_VARIABLE = "OTEL_PYTHON_TRACER_PROVIDER"
+_METER_PROVIDER_VARIABLE = "OTEL_PYTHON_METER_PROVIDER"
+
+
+def _api_in_use(module: str, variable: str) -> bool:
+    """Whether a global provider can be set: the API's module is loaded (only through it can
+    an application or an SDK set one), or the environment names one."""
+    return module in sys.modules or variable in os.environ
+
+
 def _tracing_configured(provider: Any) -> bool:
-    return provider is not None or not isinstance(trace.get_tracer_provider(), ProxyTracerProvider)
+    if provider is not None:
+        return True
+    if not _api_in_use("opentelemetry.trace", _TRACER_PROVIDER_VARIABLE):
+        return False
+    from opentelemetry import trace
+
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
 def _metrics_configured(provider: Any) -> bool:
     if provider is not None:
         return True
+    if not _api_in_use("opentelemetry.metrics", _METER_PROVIDER_VARIABLE):
+        return False
+    from opentelemetry import metrics
+
     name = type(metrics.get_meter_provider()).__name__
     return name not in ("_ProxyMeterProvider", "NoOpMeterProvider")
 
@@ -70,15 +97,17 @@ class Telemetry:
         self.tracing = _tracing_configured(tracer_provider)
         self.metering = _metrics_configured(meter_provider)
         self.enabled = self.tracing or self.metering
-        self.tracer = (
-            trace.get_tracer("smartnsq", __version__, tracer_provider=tracer_provider)
-            if self.tracing
-            else None
-        )
+        self.tracer: Tracer | None = None
+        if self.tracing:
+            from opentelemetry import trace
+
+            self.tracer = trace.get_tracer("smartnsq", __version__, tracer_provider=tracer_provider)
         self._counters: dict[str, Any] = {}
         self._duration: Any = None
         self._meter: Any = None
         if self.metering:
+            from opentelemetry import metrics
+
             meter = metrics.get_meter("smartnsq", __version__, meter_provider=meter_provider)
             self._meter = meter
             names = {
@@ -118,9 +147,10 @@ class Telemetry:
         """Report ``read()`` as the in-flight gauge (observed when metrics are collected)."""
         if self._meter is None:
             return
+        from opentelemetry.metrics import Observation
 
-        def observe(options: Any) -> Iterable[metrics.Observation]:
-            return [metrics.Observation(read(), dict(attributes))]
+        def observe(options: Any) -> Iterable[Observation]:
+            return [Observation(read(), dict(attributes))]
 
         self._meter.create_observable_up_down_counter(
             "smartnsq.messages.in_flight",
@@ -134,6 +164,8 @@ class Telemetry:
     def start_send(self, topic: str, batch: int) -> Span | None:
         if self.tracer is None:
             return None
+        from opentelemetry.trace import SpanKind
+
         attributes: dict[str, Any] = {
             "messaging.system": SYSTEM,
             "messaging.operation.type": "send",
@@ -153,6 +185,9 @@ class Telemetry:
         current; returns (span, token to detach) or None."""
         if self.tracer is None:
             return None
+        from opentelemetry import context, propagate, trace
+        from opentelemetry.trace import SpanKind
+
         parent = propagate.extract(carrier) if carrier else None
         span = self.tracer.start_span(
             f"process {topic}",
@@ -166,20 +201,28 @@ class Telemetry:
                 "messaging.consumer.group.name": channel,
             },
         )
-        token = otel_context.attach(trace.set_span_in_context(span))
+        token = context.attach(trace.set_span_in_context(span))
         return span, token
+
+    # The three below run only with a span, so with opentelemetry loaded.
 
     @staticmethod
     def detach(token: object) -> None:
-        otel_context.detach(token)  # type: ignore[arg-type]
+        from opentelemetry import context
+
+        context.detach(token)  # type: ignore[arg-type]
 
     @staticmethod
     def inject(carrier: MutableMapping[str, Any], span: Span) -> None:
         """Write ``traceparent`` (and friends) for ``span`` into ``carrier``."""
+        from opentelemetry import propagate, trace
+
         propagate.inject(carrier, context=trace.set_span_in_context(span))
 
     @staticmethod
     def fail(span: Span, error: BaseException) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
         span.set_attribute("error.type", error_type(error))
         span.record_exception(error)
         span.set_status(Status(StatusCode.ERROR, str(error)))

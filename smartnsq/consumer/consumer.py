@@ -121,6 +121,7 @@ class Consumer:
         backoff: BackoffPolicy | bool = True,
         on_giving_up: GivingUp | None = None,
         on_error: ErrorHook | None = None,
+        fail_fast: bool = False,
         dead_letter_path: str | os.PathLike[str] | None = None,
         ordered_give_up: bool = False,
         raise_on_order_violation: bool = False,
@@ -200,14 +201,18 @@ class Consumer:
             reconnect_backoff=options.reconnect_delays,
             lookup=self._lookup,
             nsqd=self._nsqd,
+            fail_fast=options.fail_fast,
         )
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> Consumer:
         """Discover, connect and subscribe; return once the initial subscriptions are in
-        place (or failed: they are retried in the background). With ``nsqd=[...]``, raises
-        when no nsqd accepted; with ``lookupd``, when no lookupd answers."""
+        place or failed. What failed for a reason a retry may fix (nothing listening yet, no
+        lookupd answering) is retried in the background, with backoff, and said once at
+        WARNING; with ``fail_fast=True`` start() raises it instead. What no retry can fix (a
+        bad argument, a position or a subscription nsqd refuses, an address that is not an
+        nsqd or nsqlookupd) raises here, or later from :meth:`join` after ``on_error``."""
         if self._state in ("closing", "closed"):
             raise ClientClosedError("this Consumer is closed; create a new one")
         if self._state != "new":
@@ -232,16 +237,25 @@ class Consumer:
             raise
         dispatcher.wanted_subscriptions = len(subscriber.wanted)
         if self._fatal is None and self._nsqd and not subscriber.subs:
-            # Direct mode, like the Producer: at least one nsqd must accept before start()
-            # returns; later losses are retried in the background.
-            self._fatal = subscriber.last_connect_error or ConnectionClosedError(
+            error = subscriber.last_connect_error or ConnectionClosedError(
                 "no nsqd accepted the subscription", ", ".join(self._nsqd)
             )
-        if self._fatal is not None:
-            error = self._fatal
+            if self.options.fail_fast:
+                self._fatal = error
+            else:
+                # An orchestrator may start this service before nsqd: go on trying.
+                log.warning(
+                    "%s/%s: no nsqd accepted the subscription yet (%s); retrying in the "
+                    "background with backoff (fail_fast=True makes start() raise instead)",
+                    self.topic,
+                    self.channel,
+                    error,
+                )
+        fatal = self._fatal
+        if fatal is not None:
             self._fatal = None  # raised here, not again by join()
             await self._shutdown_now()
-            raise error
+            raise fatal
         self._set_state("started")
         subscriber.supervise()
         return self

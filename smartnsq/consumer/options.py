@@ -61,6 +61,7 @@ class ConsumerOptions(ClientOptions):
     backoff: BackoffPolicy | bool = True
     on_giving_up: GivingUp | None = None
     on_error: ErrorHook | None = None
+    fail_fast: bool = False
     dead_letter_path: str | os.PathLike[str] | None = None
     ordered_give_up: bool = False
     raise_on_order_violation: bool = False
@@ -79,7 +80,7 @@ class ConsumerOptions(ClientOptions):
     def __post_init__(self) -> None:
         if self.max_in_flight is not None:
             check_max_in_flight(self.max_in_flight)
-        for flag in ("ordered", "ordered_give_up", "raise_on_order_violation"):
+        for flag in ("ordered", "ordered_give_up", "raise_on_order_violation", "fail_fast"):
             check_flag(flag, getattr(self, flag))
         if self.skip_replays is not None:
             check_flag("skip_replays", self.skip_replays)

@@ -17,21 +17,20 @@ import asyncio
 import functools
 import logging
 from collections.abc import Coroutine, Hashable
-from typing import Any, Protocol
-
-import httpx
+from typing import TYPE_CHECKING, Any, Protocol
 
 from smartnsq.consumer.message import Message
 from smartnsq.consumer.subscription import Answerer, Key, Subscription
 from smartnsq.errors import (
     LookupFailedError,
     NSQError,
+    ProtocolError,
     ServerError,
     TopicNotFoundError,
     UnsupportedFeatureError,
     ValidationError,
 )
-from smartnsq.flow.retry import Backoff, is_retriable, needs_lookup_refresh
+from smartnsq.flow.retry import Backoff, needs_lookup_refresh
 from smartnsq.protocol.commands import StartPosition
 from smartnsq.protocol.lookupd import Node, TopicLayout
 from smartnsq.protocol.message import MessageFrame
@@ -41,6 +40,9 @@ from smartnsq.transport.httpclient import new_http_client
 from smartnsq.transport.lookup import LookupManager
 from smartnsq.transport.offsets import set_channel_offset
 from smartnsq.transport.waiting import wait_event
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["MISSING_TOPIC_BACKOFF", "STABLE_AFTER", "Subscriber", "SubscriptionListener"]
 
@@ -112,6 +114,7 @@ class Subscriber:
         reconnect_backoff: Backoff,
         lookup: LookupManager | None,
         nsqd: list[str],
+        fail_fast: bool = False,
     ) -> None:
         self.listener = listener
         self.topic = topic
@@ -124,6 +127,8 @@ class Subscriber:
         self.reconnect_backoff = reconnect_backoff
         self.lookup = lookup
         self.nsqd = nsqd
+        self.fail_fast = fail_fast
+        self._lookup_failing = False  # no lookup answered lately: looked up again soon
         self.subs: dict[Key, Subscription] = {}
         self.connecting: dict[Key, asyncio.Task[None]] = {}
         self.last_connect_error: NSQError | None = None
@@ -157,14 +162,21 @@ class Subscriber:
         self._wake = asyncio.Event()
         if self.lookup is not None:
             timeout = self.connection_config.connect_timeout
+            error: NSQError | None = None
             try:
                 async with asyncio.timeout(timeout):
                     await self.lookup.discover()
             except TimeoutError:
                 addresses = ", ".join(self.lookup.lookupd_addresses)
-                raise LookupFailedError(
+                error = LookupFailedError(
                     f"no nsqlookupd answered within connect_timeout ({timeout:g} s): {addresses}"
-                ) from None
+                )
+            except LookupFailedError as exc:
+                error = exc
+            if error is not None and (self.fail_fast or not error.retriable):
+                raise error
+            # Else the lookups go on in the background (an orchestrator may start this
+            # service before nsqlookupd): the first one below says so, once.
             self._unwatch = self.lookup.watch(self.topic, "r", self._on_layout)
         await self._reconcile()
         if self.connecting:
@@ -308,8 +320,11 @@ class Subscriber:
             self.listener.fatal(exc)
             return
         except NSQError as exc:
-            self.listener.warn(("lookup",), "%s: lookup failed: %s", self.topic, exc)
+            self._lookup_failed(exc)
             return
+        if self._lookup_failing:
+            self._lookup_failing = False
+            log.info("%s/%s: nsqlookupd answers now", self.topic, self.channel)
         loop = self._loop
         if loop is None:
             return
@@ -342,7 +357,7 @@ class Subscriber:
                 # look up again soon, and keep looking until the lookup names its leader.
                 self._relookups += 1
                 waits.append(self.reconnect_backoff.delay(self._relookups))
-            elif self._topic_missing:
+            elif self._topic_missing or self._lookup_failing:
                 self._relookups += 1
                 waits.append(MISSING_TOPIC_BACKOFF.delay(self._relookups))
             else:
@@ -351,6 +366,22 @@ class Subscriber:
             woken = await wait_event(wake, max(timeout, 0.01))
             if not woken and self._relookups:
                 self._force_refresh = True
+
+    def _lookup_failed(self, exc: NSQError) -> None:
+        """A lookup of the topic failed: said at WARNING when lookups start failing (once,
+        not at every try), and looked up again soon, with backoff, until one answers."""
+        if not self._lookup_failing:
+            self._lookup_failing = True
+            log.warning(
+                "%s/%s: the lookup failed (%s); looking up again in the background, with "
+                "backoff: this consumer subscribes as soon as nsqlookupd answers "
+                "(fail_fast=True makes start() raise instead)",
+                self.topic,
+                self.channel,
+                exc,
+            )
+        else:
+            log.debug("%s/%s: the lookup failed again: %s", self.topic, self.channel, exc)
 
     def _unserved(self) -> bool:
         """Some wanted partition has no open subscription (and none is being opened)."""
@@ -461,9 +492,11 @@ class Subscriber:
 
     def _connect_failed(self, key: Key, exc: NSQError) -> None:
         self.last_connect_error = exc
-        if not is_retriable(exc) and isinstance(exc, ServerError):
+        if _unfixable(exc):
             # Misconfiguration (an ordered topic without ordered=True, an unregistered
-            # channel, bad credentials...): retrying cannot help.
+            # channel, bad credentials, an HTTP port given as nsqd's), a bad argument or a
+            # position nsqd refuses: retrying cannot help. on_error hears of it, start() or
+            # join() raises it.
             self.listener.fatal(exc)
             return
         failures = self._count_failure(key, first_at_once=False)
@@ -539,3 +572,9 @@ class Subscriber:
         """This node no longer leads ``sub``'s partition: the listener stops its flow and
         closes it once its messages are answered."""
         self.listener.retired(sub)
+
+
+def _unfixable(exc: NSQError) -> bool:
+    """Whether a failed subscribe is one no retry can fix: any error that is not retriable,
+    but a stream that was garbled (a plain ProtocolError: the next connection may be fine)."""
+    return not exc.retriable and type(exc) is not ProtocolError

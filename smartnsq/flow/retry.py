@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-
-from tenacity import RetryCallState
+from typing import TYPE_CHECKING
 
 from smartnsq.errors import NSQError, ValidationError
 from smartnsq.flow.backoff import exponential
+
+if TYPE_CHECKING:
+    from tenacity import RetryCallState  # only named: a Backoff is a tenacity wait
 
 __all__ = ["Backoff", "is_retriable", "needs_lookup_refresh"]
 

@@ -657,8 +657,7 @@ class Producer:
                     raise failure
                 frame = await self._try(request, tries, deadline, now)
             except NSQError as exc:
-                retry = functools.partial(self._try, request, tries, deadline)
-                frame = await self._retry(request, tries, deadline, exc, retry)
+                frame = await self._retry(request, tries, deadline, exc)
             results = self._results(request, tries.route, frame, tries.count, tries.trace_ids)
         except BaseException as exc:
             if metered:
@@ -814,12 +813,14 @@ class Producer:
         tries: PublishTries,
         deadline: float,
         failure: BaseException,
-        attempt: Callable[[float], Awaitable[T]],
+        attempt: Callable[[float], Awaitable[T]] | None = None,
     ) -> T:
-        """Try ``attempt(now)`` again after ``failure`` until it succeeds, a failure is not
-        retriable (raised as it is), or ``deadline`` (``publish_timeout``) or
-        ``max_retries`` ends it: then :class:`PublishError`, caused by the last failure.
-        ``tries`` counts the tries; each ends by the deadline itself."""
+        """Try again after ``failure`` (``attempt(now)``, by default the publish's next try)
+        until it succeeds, a failure is not retriable (raised as it is), or ``deadline``
+        (``publish_timeout``) or ``max_retries`` ends it: then :class:`PublishError`, caused
+        by the last failure. ``tries`` counts the tries; each ends by the deadline itself.
+        What waits here is what a publish is while it waits (thousands during a long
+        failover): no more coroutines, closures or timers than the wait needs."""
         clock = self._clock
         failing_since = clock()
         warned = False
@@ -837,7 +838,12 @@ class Producer:
             if not warned and failing_for >= _WARN_AFTER:
                 warned = True
                 self._warn_failing(request, failure, tries.count, failing_for)
-            await self._pause(request, tries, failure, deadline)
+            stale = tries.layout
+            pause = self._pause(request, tries, failure, deadline)
+            if pause is not None:
+                layout = await pause
+                if layout is not None and stale is not None:
+                    self._log_leader_move(request, tries, stale, layout)
             await self._gate.enter()  # a storm of retries goes over several turns of the loop
             now = clock()
             if deadline - now <= 0:
@@ -845,6 +851,8 @@ class Producer:
             tries.count += 1
             self._stats.retries += 1
             try:
+                if attempt is None:
+                    return await self._try(request, tries, deadline, now)  # type: ignore[return-value]
                 return await attempt(now)
             except NSQError as exc:
                 failure = exc
@@ -906,24 +914,24 @@ class Producer:
             LogThrottle.note(held, self._log_throttle.interval),
         )
 
-    async def _pause(
+    def _pause(
         self, request: PublishRequest, tries: PublishTries, failure: BaseException, deadline: float
-    ) -> None:
-        """Wait before the next try. A failure that says the layout is stale waits for
-        nsqlookupd to name somewhere else to go (woken as soon as a lookup does), at most the
-        backoff; a publish that had nowhere to go at all waits for that alone (in rounds of
-        ``_WARN_AFTER``). Never past ``deadline``."""
+    ) -> Awaitable[TopicLayout | None] | None:
+        """What to wait for before the next try (None: nothing). A failure that says the
+        layout is stale waits for nsqlookupd to name somewhere else to go (woken as soon as a
+        lookup does: the awaitable gives that layout), at most the backoff; a publish that had
+        nowhere to go at all waits for that alone (in rounds of ``_WARN_AFTER``). Never past
+        ``deadline``."""
         remaining = deadline - self._clock()
         if remaining <= 0:
-            return
+            return None
         if request.movable and tries.avoid and tries.count <= 1:
             delay = 0.0  # an unkeyed publish moves to another writable partition at once
         else:
             delay = self.options.retry_delays.delay(tries.count)
         lookup = self._lookup
         if lookup is None or not needs_lookup_refresh(failure):
-            await asyncio.sleep(min(delay, remaining))
-            return
+            return _sleeping(min(delay, remaining))
         if isinstance(failure, NoWritablePartitionError):
             # Only a new layout can help: no try before it comes, but a look every
             # _WARN_AFTER seconds at how long this lasts (a try that routes nowhere is free).
@@ -934,9 +942,7 @@ class Producer:
         def recovered(layout: TopicLayout) -> bool:
             return layout != stale and routable(request, layout, pinned)
 
-        layout = await lookup.wait_until(request.topic, "w", recovered, min(delay, remaining))
-        if layout is not None and stale is not None:
-            self._log_leader_move(request, tries, stale, layout)
+        return lookup.wait_until(request.topic, "w", recovered, min(delay, remaining))
 
     def _log_leader_move(
         self, request: PublishRequest, tries: PublishTries, stale: TopicLayout, layout: TopicLayout
@@ -973,6 +979,20 @@ def _clock_of(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
     if type(loop).time is asyncio.BaseEventLoop.time:
         return time.monotonic  # what BaseEventLoop.time() returns
     return loop.time
+
+
+def _sleeping(delay: float) -> asyncio.Future[None]:
+    """A future done in ``delay`` seconds: what ``asyncio.sleep`` does, without a coroutine
+    of its own (a publish waiting to retry holds one less)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[None] = loop.create_future()
+    loop.call_later(delay, _wake, future)
+    return future
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():  # a cancelled wait: nothing to do
+        future.set_result(None)
 
 
 async def _by_deadline(awaitable: Awaitable[T], deadline: float, what: str) -> T:

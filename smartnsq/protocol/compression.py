@@ -8,14 +8,14 @@
 Each codec object holds one direction pair (compress what we send, decompress what we get).
 Install the decompressor with ``InputBuffer.install_decompressor`` so bytes already received
 after the switch point are taken over.
+
+The codecs load their libraries when made: a connection that never negotiates compression
+(the default) loads neither.
 """
 
 from __future__ import annotations
 
-import zlib
 from typing import Protocol
-
-import snappy
 
 from smartnsq.errors import ProtocolError, ValidationError
 
@@ -32,6 +32,8 @@ class SnappyCodec:
     """Snappy framing format in both directions."""
 
     def __init__(self) -> None:
+        import snappy
+
         self._compressor = snappy.StreamCompressor()
         self._decompressor = snappy.StreamDecompressor()
 
@@ -53,17 +55,21 @@ class DeflateCodec:
     def __init__(self, level: int = 6) -> None:
         if type(level) is not int or not 1 <= level <= 9:
             raise ValidationError("deflate_level", "must be 1..9")
+        import zlib
+
         self.level = level
         self._compressor = zlib.compressobj(level, zlib.DEFLATED, -15)
         self._decompressor = zlib.decompressobj(-15)
+        self._sync_flush = zlib.Z_SYNC_FLUSH
+        self._error = zlib.error
 
     def compress(self, data: bytes) -> bytes:
         if not data:
             return b""
-        return self._compressor.compress(data) + self._compressor.flush(zlib.Z_SYNC_FLUSH)
+        return self._compressor.compress(data) + self._compressor.flush(self._sync_flush)
 
     def decompress(self, data: bytes) -> bytes:
         try:
             return self._decompressor.decompress(data)
-        except zlib.error as exc:
+        except self._error as exc:
             raise ProtocolError(f"corrupt deflate stream: {exc}") from exc

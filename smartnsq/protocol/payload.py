@@ -4,16 +4,14 @@
 A go-nsq producer may compress a body and say so in the ext header:
 ``"nsq.client.compress": "1"`` (gzip), ``"2"`` (snappy block) or ``"3"`` (lz4 block, needs
 the optional ``lz4`` package), with ``"nsq.msg.size"`` the original size. Consumers
-decompress and drop both keys, as go-nsq consumers do.
+decompress and drop both keys, as go-nsq consumers do. Each codec's library is loaded with the
+first message that needs it.
 """
 
 from __future__ import annotations
 
-import gzip
 import importlib
 from typing import Any
-
-import snappy
 
 from smartnsq.errors import ProtocolError, UnsupportedFeatureError
 
@@ -38,22 +36,31 @@ def decompress_payload(body: bytes, ext: dict[str, Any]) -> bytes:
         size = None
     try:
         if codec == "1":
+            import gzip
+
             data = gzip.decompress(body)
         elif codec == "2":
-            data = bytes(snappy.uncompress(body))
+            data = _snappy_block(body)
         elif codec == "3":
             data = _lz4_block(body, size)
         else:
             raise UnsupportedFeatureError(f"unknown payload compression {codec!r}")
     except (OSError, EOFError, ValueError) as exc:
         raise ProtocolError(f"corrupt compressed payload (codec {codec}): {exc}") from exc
-    except snappy.UncompressError as exc:
-        raise ProtocolError(f"corrupt snappy payload: {exc}") from exc
     if size is not None and len(data) != size:
         raise ProtocolError(f"decompressed {len(data)} bytes, header says {size}")
     ext.pop(COMPRESS_KEY, None)
     ext.pop(SIZE_KEY, None)
     return data
+
+
+def _snappy_block(body: bytes) -> bytes:
+    import snappy
+
+    try:
+        return bytes(snappy.uncompress(body))
+    except snappy.UncompressError as exc:  # neither OSError nor ValueError
+        raise ProtocolError(f"corrupt snappy payload: {exc}") from exc
 
 
 def _lz4_block(body: bytes, size: int | None) -> bytes:

@@ -42,6 +42,7 @@ from typing import Any, NoReturn, TypeVar
 
 from smartnsq.errors import (
     ConnectionClosedError,
+    NotNsqdError,
     NSQError,
     NSQTimeoutError,
     ProtocolError,
@@ -459,7 +460,7 @@ class ClientSession:
         """A corrupt first frame from an HTTP server says so: it is not an nsqd TCP port."""
         if self._state is State.IDENTIFYING and self._decoder.peek(5) == b"HTTP/":
             status = self._decoder.peek(64).split(b"\r\n", 1)[0].decode("latin-1")
-            return ProtocolError(
+            return NotNsqdError(
                 f"{self.address} answered in HTTP ({status!r}): it is an HTTP port, not an "
                 "nsqd TCP port (nsqd's default is 4150, its HTTP port 4151)"
             )

@@ -6,7 +6,9 @@ A *round* for one (topic, access):
 1. discovery: ``GET /listlookup`` on the known lookupds (shared by all topics, coalesced and
    rate-limited); the known set is the seeds plus every ``NodeIP:HttpPort`` listed. A failure,
    or a 404 from a classic lookupd, keeps the current set; seeds are never removed;
-2. ``GET /lookup?topic=T&access=r|w&metainfo=true`` on every healthy lookupd concurrently;
+2. ``GET /lookup?topic=T&access=r|w&metainfo=true`` on every healthy lookupd concurrently
+   (until a discovery has ended, the known lookupds are asked beside it and those it adds
+   once it ends, so that a new client's first lookup waits for one round trip, not two);
 3. merge (:func:`smartnsq.protocol.lookupd.merge_layouts`): union of the nodes, and for each
    partition the leader most lookupds agree on, ties going to the answer received last.
 
@@ -36,13 +38,13 @@ import inspect
 import itertools
 import logging
 import random
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
-
-import httpx
 
 from smartnsq.errors import (
     ClientClosedError,
@@ -76,7 +78,16 @@ from smartnsq.protocol.lookupd import (
 )
 from smartnsq.protocol.validation import check_topic
 from smartnsq.routing.addresses import AddressMap, AddressMapping
-from smartnsq.transport.httpclient import DEFAULT_MAX_ANSWER_BYTES, exchange, new_http_client
+from smartnsq.transport.httpclient import (
+    DEFAULT_MAX_ANSWER_BYTES,
+    HttpClient,
+    exchange,
+    new_http_client,
+)
+from smartnsq.transport.plainhttp import InvalidURL
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "DEFAULT_LOOKUPD_PORT",
@@ -98,8 +109,14 @@ _Key = tuple[str, Access]
 # wait_until's rounds are at least this far apart, even with refresh_min_interval=0.
 _MIN_WAIT_STEP = 0.05
 
+
+class _InvalidURL(Exception):
+    """The request's URL was refused before anything was sent (``httpx.InvalidURL``, or the
+    plain-http client's): an address no URL holds."""
+
+
 # What a lookupd that is down or broken raises; anything else is a bug and propagates.
-_FAILURES = (ConnectionClosedError, NSQTimeoutError, ProtocolError, httpx.InvalidURL)
+_FAILURES = (ConnectionClosedError, NSQTimeoutError, ProtocolError, _InvalidURL)
 
 
 class _ServerFault(ProtocolError):
@@ -133,7 +150,7 @@ def normalize_seed(seed: object) -> tuple[str, str]:
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, ConnectionClosedError) and exc.__cause__ is not None:
+    if isinstance(exc, (ConnectionClosedError, _InvalidURL)) and exc.__cause__ is not None:
         exc = exc.__cause__  # what the request met (the URL is said beside it)
     if isinstance(exc, _ServerFault):
         return str(exc)
@@ -162,7 +179,33 @@ class _Lookupd:
     retry_at: float = 0.0
     last_error: str = ""
     classic: bool = False  # answered /listlookup with a 404: a classic nsqlookupd
+    # answered once (anything, even a broken answer): its failures are news (a WARNING); a
+    # lookupd never heard from is one a client was started before (its client says so)
+    answered: bool = False
     not_lookupd: str = ""  # why it is not an nsqlookupd at all (an nsqd's HTTP port...)
+
+
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    """One caller of :meth:`LookupManager.wait_until`: what it waits for, until when (on the
+    manager's clock), and the future its answer goes to."""
+
+    predicate: Callable[[TopicLayout], bool]
+    until: float
+    answer: asyncio.Future[TopicLayout | None]
+
+
+class _Waiting:
+    """The callers waiting for a layout of one (topic, access), and the one task that asks
+    the lookupds for them, round after round."""
+
+    __slots__ = ("task", "waiters", "wake", "wake_at")
+
+    def __init__(self) -> None:
+        self.waiters: dict[_Waiter, None] = {}  # insertion-ordered; O(1) removal
+        self.task: asyncio.Task[None] | None = None
+        self.wake = asyncio.Event()  # a waiter that must not wait for the next round
+        self.wake_at = float("inf")  # when the sleeping task looks again by itself
 
 
 @dataclass(eq=False)
@@ -271,7 +314,7 @@ class LookupManager:
         self._clock = clock
         self._rand = rand
         self._sleep = sleep
-        self._client = http_client
+        self._client: HttpClient | httpx.AsyncClient | None = http_client
         self._owns_client = http_client is None
         self._transport = transport
         self._logger = logger if logger is not None else logging.getLogger("smartnsq.lookup")
@@ -283,6 +326,7 @@ class LookupManager:
         self._inflight: dict[_Key, asyncio.Task[TopicLayout]] = {}
         self._tracked: dict[_Key, float] = {}  # key -> when its next periodic refresh is due
         self._watchers: dict[_Key, list[_Watcher]] = {}
+        self._waiting: dict[_Key, _Waiting] = {}
         self._discovery: asyncio.Task[None] | None = None
         self._discovery_end: float | None = None
         self._poller: asyncio.Task[None] | None = None
@@ -354,19 +398,83 @@ class LookupManager:
         key = self._key(topic, access)
         self._track(key)
         self._start_poller()
-        deadline = self._clock() + timeout
-        while True:
-            try:
-                layout = await self._refresh(key, forced=True)
-            except (LookupFailedError, TopicNotFoundError, TopicHasNoChannelError) as exc:
-                self._logger.debug("waiting for a layout of %r (access=%s): %s", *key, exc)
-            else:
-                if predicate(layout):
-                    return layout
-            remaining = deadline - self._clock()
-            if remaining <= 0:
-                return None
-            await self._sleep(min(max(self._refresh_min_interval, _MIN_WAIT_STEP), remaining))
+        # Every caller waiting for this key shares one task that asks in rounds: a waiter is
+        # a predicate and a future, whatever the number (a failover can have thousands of
+        # publishes waiting for one partition's leader).
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(predicate, self._clock() + timeout, loop.create_future())
+        waiting = self._waiting.get(key)
+        if waiting is None:
+            waiting = self._waiting[key] = _Waiting()
+        waiting.waiters[waiter] = None
+        if waiting.task is None or waiting.task.done():
+            waiting.task = loop.create_task(
+                self._wait_rounds(key, waiting), name=f"smartnsq-lookup-wait-{key[0]}"
+            )
+        elif waiter.until < waiting.wake_at:
+            waiting.wake.set()  # sooner than the next round: one for it now
+        try:
+            return await waiter.answer
+        finally:
+            waiting.waiters.pop(waiter, None)
+
+    async def _wait_rounds(self, key: _Key, waiting: _Waiting) -> None:
+        """Rounds of forced refreshes for the waiters of ``key``, ``refresh_min_interval``
+        apart (sooner for a waiter whose time ends first), each waiter answered with the first
+        layout that satisfies its predicate, or None once its time is up (after one round at
+        least)."""
+        step = max(self._refresh_min_interval, _MIN_WAIT_STEP)
+        waiters = waiting.waiters
+        try:
+            while waiters:
+                waiting.wake.clear()
+                layout: TopicLayout | None = None
+                try:
+                    layout = await self._refresh(key, forced=True)
+                except (LookupFailedError, TopicNotFoundError, TopicHasNoChannelError) as exc:
+                    self._logger.debug("waiting for a layout of %r (access=%s): %s", *key, exc)
+                now = self._clock()
+                for waiter in list(waiters):
+                    if waiter.answer.done():
+                        continue
+                    if layout is not None and waiter.predicate(layout):
+                        waiter.answer.set_result(layout)
+                    elif waiter.until <= now:
+                        waiter.answer.set_result(None)
+                pending = [waiter.until for waiter in waiters if not waiter.answer.done()]
+                if not pending:
+                    break
+                delay = min(step, max(0.0, min(pending) - now))
+                waiting.wake_at = now + delay
+                if not waiting.wake.is_set():
+                    await self._idle_or_woken(waiting.wake, delay)
+                waiting.wake_at = float("inf")
+        except BaseException as exc:
+            error = exc if isinstance(exc, NSQError) else None
+            if error is None and self._closed:
+                error = ClientClosedError("the LookupManager was closed during the wait")
+            for waiter in waiters:
+                if not waiter.answer.done():
+                    if error is None:
+                        waiter.answer.cancel()
+                    else:
+                        waiter.answer.set_exception(error)
+            if not isinstance(exc, (asyncio.CancelledError, NSQError)):
+                raise
+        finally:
+            if self._waiting.get(key) is waiting and not waiters:
+                del self._waiting[key]
+
+    async def _idle_or_woken(self, wake: asyncio.Event, delay: float) -> None:
+        """Sleep ``delay`` with the injected sleep, or less if ``wake`` is set meanwhile."""
+        sleeper = asyncio.ensure_future(self._sleep(delay))
+        woken = asyncio.ensure_future(wake.wait())
+        try:
+            await asyncio.wait({sleeper, woken}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            woken.cancel()
+            await asyncio.gather(sleeper, woken, return_exceptions=True)
 
     def watch(self, topic: str, access: Access, callback: WatchCallback) -> Callable[[], None]:
         """Call ``callback(layout)`` (sync or async) whenever a refresh, periodic or forced,
@@ -453,7 +561,8 @@ class LookupManager:
         self._closed = True
         current = asyncio.current_task()
         tasks: list[asyncio.Task[object]] = []
-        for task in (self._poller, self._discovery, *self._inflight.values()):
+        waits = [waiting.task for waiting in self._waiting.values()]
+        for task in (self._poller, self._discovery, *self._inflight.values(), *waits):
             if task is not None and task is not current and not task.done():
                 task.cancel()
                 tasks.append(task)
@@ -570,12 +679,7 @@ class LookupManager:
         return layout
 
     async def _query(self, topic: str, access: Access, periodic: bool = False) -> TopicLayout:
-        await self._discover()
-        targets = self._pick(every=periodic)
-        self._logger.debug(
-            "lookup of %r (access=%s) on %s", topic, access, ", ".join(t.address for t in targets)
-        )
-        answers = await asyncio.gather(*(self._lookup_one(t, topic, access) for t in targets))
+        targets, answers = await self._ask(topic, access, periodic)
         layouts = sorted((a for a in answers if a.layout is not None), key=lambda a: a.seq)
         if layouts:
             return merge_layouts(topic, access, [a.layout for a in layouts if a.layout is not None])
@@ -600,6 +704,47 @@ class LookupManager:
         )
         raise LookupFailedError(
             f"no nsqlookupd answered the lookup of topic {topic!r} (access={access}): {details}"
+        )
+
+    async def _ask(
+        self, topic: str, access: Access, periodic: bool
+    ) -> tuple[list[_Lookupd], list[_Answer]]:
+        """The lookupds this round asks, and their answers. Discovery comes first, and the
+        lookupds it lists are asked; but until a discovery has ended, the known ones (the
+        seeds) are asked beside it, so that a new client's first lookup waits for one round
+        trip and not two. Those it adds are asked once it ends; the answers of those it drops,
+        or finds not to be nsqlookupds, are left out, as if they had not been asked."""
+        if self._discovery_end is not None:
+            await self._discover()
+            targets = self._pick(every=periodic)
+            self._log_lookup(topic, access, targets)
+            answers = await asyncio.gather(*(self._lookup_one(t, topic, access) for t in targets))
+            return targets, answers
+        early = self._pick(every=periodic)
+        self._log_lookup(topic, access, early)
+        asked = [asyncio.ensure_future(self._lookup_one(t, topic, access)) for t in early]
+        try:
+            await self._discover()
+        except BaseException:
+            for task in asked:
+                task.cancel()
+            raise
+        current = self._pick(every=periodic)
+        later = [lookupd for lookupd in current if lookupd not in early]
+        if later:
+            self._log_lookup(topic, access, later)
+        answers = await asyncio.gather(*asked, *(self._lookup_one(t, topic, access) for t in later))
+        kept = [
+            (lookupd, answer)
+            for lookupd, answer in zip(early + later, answers, strict=True)
+            if lookupd in current
+            or (self._lookupds.get(lookupd.address) is lookupd and not lookupd.not_lookupd)
+        ]
+        return [lookupd for lookupd, _ in kept], [answer for _, answer in kept]
+
+    def _log_lookup(self, topic: str, access: Access, targets: list[_Lookupd]) -> None:
+        self._logger.debug(
+            "lookup of %r (access=%s) on %s", topic, access, ", ".join(t.address for t in targets)
         )
 
     async def _classic_nodes(self, topic: str, lookupds: list[_Lookupd]) -> TopicLayout | None:
@@ -735,6 +880,7 @@ class LookupManager:
         return healthy or candidates
 
     def _mark_ok(self, lookupd: _Lookupd) -> None:
+        lookupd.answered = True
         if lookupd.failures:
             self._logger.info("nsqlookupd %s is answering again", lookupd.address)
         lookupd.failures = 0
@@ -743,12 +889,19 @@ class LookupManager:
 
     def _mark_failed(self, lookupd: _Lookupd, exc: BaseException) -> None:
         lookupd.last_error = _describe(exc)
+        if not isinstance(exc, (ConnectionClosedError, NSQTimeoutError)):
+            lookupd.answered = True  # it answers, but not as it should
         now = self._clock()
         if lookupd.retry_at <= now:
             lookupd.failures += 1
             delay = exponential(lookupd.failures, self._backoff_base, self._backoff_max)
             lookupd.retry_at = now + delay
         # else: tried early (every lookupd down-ranked, or a poll): keep the current backoff.
+        if not lookupd.answered:
+            # Never heard from yet (a client started before its nsqlookupd): the client
+            # that waits for it says so once; here it is detail.
+            self._logger.debug("nsqlookupd %s failed: %s", lookupd.address, lookupd.last_error)
+            return
         self._warn(
             ("failed", lookupd.address),
             "nsqlookupd %s failed (%s; %d in a row); lookups skip it for %.1f s",
@@ -767,9 +920,12 @@ class LookupManager:
 
     # ------------------------------------------------------------------ HTTP
 
-    def _http(self) -> httpx.AsyncClient:
+    def _http(self) -> HttpClient | httpx.AsyncClient:
         if self._client is None:
-            self._client = new_http_client(self._timeout, self._transport)
+            if self._transport is None:
+                self._client = HttpClient(self._timeout)
+            else:
+                self._client = new_http_client(self._timeout, self._transport)
         return self._client
 
     async def _get(
@@ -809,15 +965,23 @@ class LookupManager:
         timeout: float,
     ) -> object:
         url = lookupd.base_url + path
-        answer = await exchange(
-            self._http(),
-            "GET",
-            url,
-            params=params,
-            headers={"Accept": ACCEPT_V1},
-            timeout=timeout,
-            max_bytes=self._max_answer_bytes,
-        )
+        try:
+            answer = await exchange(
+                self._http(),
+                "GET",
+                url,
+                params=params,
+                headers={"Accept": ACCEPT_V1},
+                timeout=timeout,
+                max_bytes=self._max_answer_bytes,
+            )
+        except InvalidURL as exc:
+            raise _InvalidURL(str(exc)) from exc
+        except Exception as exc:
+            httpx = sys.modules.get("httpx")  # only a request through httpx raises its errors
+            if httpx is not None and isinstance(exc, httpx.InvalidURL):
+                raise _InvalidURL(str(exc)) from exc
+            raise
         status = answer.status
         try:
             return unwrap_response(status, answer.headers, answer.body)
@@ -877,6 +1041,10 @@ class LookupManager:
         except ClientClosedError:
             pass
         except NSQError as exc:
+            if not any(lookupd.answered for lookupd in self._lookupds.values()):
+                # none ever answered: the client waiting for one says so (see _mark_failed)
+                self._logger.debug("periodic lookup of %r (access=%s): %s", *key, exc)
+                return
             self._warn(("poll", key), "periodic lookup of %r (access=%s): %s", *key, exc)
 
     async def _notify(self, key: _Key, layout: TopicLayout) -> None:

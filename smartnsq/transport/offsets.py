@@ -9,7 +9,7 @@ partition leader's HTTP address from its lookup.
 
 from __future__ import annotations
 
-import httpx
+from typing import TYPE_CHECKING
 
 from smartnsq.errors import AdminError, NotLeaderError, ProtocolError
 from smartnsq.protocol.commands import StartPosition
@@ -28,6 +28,9 @@ from smartnsq.protocol.offsets import (
     v1_error_message,
 )
 from smartnsq.transport.httpclient import client_timeout, exchange
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["read_channel_offsets", "set_channel_offset"]
 

@@ -38,9 +38,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Literal
-
-import httpx
+from typing import TYPE_CHECKING, Literal
 
 from smartnsq.errors import (
     ConnectionClosedError,
@@ -65,6 +63,9 @@ from smartnsq.protocol.validation import check_channel, check_topic
 from smartnsq.transport.connection import Connection, ConnectionConfig
 from smartnsq.transport.lookup import LookupManager
 from smartnsq.transport.offsets import read_channel_offsets, set_channel_offset
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["RangeReader", "locate"]
 

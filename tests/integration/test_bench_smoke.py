@@ -1,6 +1,7 @@
 """The benchmark harnesses still run: ``bench/producer.py`` and ``bench/consumer.py`` with tiny
-counts, ``bench/soak.py`` for 10 s with two faults, and ``bench/compare.py`` for one workload
-when ``bench/.env`` (pynsq, gnsq) exists.
+counts, ``bench/soak.py`` for 10 s with two faults, ``bench/startup.py`` for one round (this
+tree as its own baseline), and ``bench/compare.py`` for one workload when ``bench/.env``
+(pynsq, gnsq) exists.
 
 No timing assertions: the benchmark is the judge, this only checks that it works. Each
 harness runs in its own session; whatever it started is gone when it returns, or is killed.
@@ -110,6 +111,30 @@ def test_soak_bench(tmp_path: Path) -> None:
     assert totals["lost"] == 0
     (half_open,) = totals["half_open"]
     assert half_open["traced"]
+
+
+def test_startup_bench(tmp_path: Path) -> None:
+    result = tmp_path / "startup.json"
+    one_quick_round = ["--rounds=1", "--consume=500", "--publish=500", *FAST]
+    out = run_bench("startup.py", *one_quick_round, f"--baseline=again={ROOT}", f"--json={result}")
+    assert "youzan: construction to first ack" in out
+    data = json.loads(result.read_text())
+    rows = {row["metric"]: row for row in data["summary"]["rows"]}
+    first = rows["youzan: construction to first ack (ms)"]
+    assert set(first["values"]) == {"smartnsq", "again"}
+    assert set(first["ratios"]) == {"again"}
+    assert rows["consumer: peak RSS (MiB)"]["values"]["smartnsq"]["median"] > 0
+    kinds = {run["kind"] for run in data["runs"]}
+    assert kinds == {
+        "empty",
+        "import",
+        "importtime",
+        "first-youzan",
+        "first-classic",
+        "rss-import",
+        "rss-consume",
+        "rss-publish",
+    }
 
 
 def _bench_env_ready() -> bool:

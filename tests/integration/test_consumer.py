@@ -175,11 +175,11 @@ async def test_max_attempts_gives_up_and_dead_letters(cluster: Cluster, tmp_path
         await _publish(cluster, "events", 1)
         await cluster.wait_for(lambda: cluster.unfinished("events", "c") == 0)
         assert consumer.stats().given_up == 1
-    assert [m.attempts for m in given_up] == [4]
+    assert [m.attempts for m in given_up] == [3]  # right after the third failure
     record = json.loads(dead.read_text())
     assert record["body"] == "0"
-    assert record["attempts"] == 4
-    assert cluster.channel_record("events", "c").requeued  # 3 failures requeued first
+    assert (record["attempts"], record["attempts_run"]) == (3, 3)
+    assert len(cluster.channel_record("events", "c").requeued) == 2  # the first 2 failures
     _assert_each_finished_once(cluster, "events", 1)
 
 
@@ -523,11 +523,11 @@ async def test_lifecycle(cluster: Cluster) -> None:
         _consumer(cluster, handler=lambda m: None).__aiter__()
 
 
-async def test_direct_mode_start_fails_when_no_nsqd_accepts() -> None:
+async def test_direct_mode_start_fails_fast_when_no_nsqd_accepts() -> None:
     async with Cluster(classic=True) as cluster:
         address = cluster.nsqd_addresses[0]
         await cluster.stop_node(0)
-        consumer = Consumer("events", "c", nsqd=[address], handler=lambda m: None)
+        consumer = Consumer("events", "c", nsqd=[address], handler=lambda m: None, fail_fast=True)
         with pytest.raises(e.ConnectionClosedError):
             await consumer.start()
         with pytest.raises(e.UnsupportedFeatureError, match="lookupd"):

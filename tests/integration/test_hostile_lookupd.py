@@ -83,9 +83,10 @@ async def test_the_size_bound_is_configurable() -> None:
 
 
 async def test_a_consumer_start_from_cold_raises_a_typed_error() -> None:
-    """Before: the builtin TimeoutError, with an empty message."""
+    """Before: the builtin TimeoutError, with an empty message. (start() raises only with
+    fail_fast=True; by default it goes on trying in the background.)"""
     async with HostileHttp(Answer.trickle(GOOD, pause=0.5)) as server:
-        consumer = Consumer("ptest", "c", lookupd=[server.url], connect_timeout=1.0)
+        consumer = Consumer("ptest", "c", lookupd=[server.url], connect_timeout=1.0, fail_fast=True)
         with pytest.raises(NSQError) as info:
             async with asyncio.timeout(BOUND):
                 await consumer.start()

@@ -795,7 +795,7 @@ def test_a_plain_handler_returning_a_coroutine_is_refused(tc: ThreadedCluster) -
     async def process(message: Any) -> None:
         handled.add()
 
-    with _consumer(tc, handler=lambda m: process(m), max_attempts=1) as consumer:
+    with _consumer(tc, handler=lambda m: process(m), max_attempts=2) as consumer:
         _publish(tc, 1)
         cluster = tc.cluster
         tc.wait_for(lambda: len(cluster.channel_record("orders", "c").requeued) >= 1)

@@ -16,6 +16,7 @@ CLIENT_ERRORS: dict[type[e.NSQError], tuple[bool, bool]] = {
     e.NSQError: (False, False),
     e.ValidationError: (False, False),
     e.ProtocolError: (False, False),
+    e.NotNsqdError: (False, False),
     e.ConnectionClosedError: (True, True),
     e.NSQTimeoutError: (True, True),
     e.ClientClosedError: (False, False),

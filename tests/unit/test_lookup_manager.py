@@ -304,6 +304,49 @@ async def test_lookupd_without_coordinator_lists_nothing(make: Make) -> None:
     assert cluster.count("127.0.0.1:24161", "/lookup") == 1  # refused: down-ranked, not fatal
 
 
+@dataclass
+class HeldListlookup(FakeLookupd):
+    """Holds every ``/listlookup`` until ``release`` is set."""
+
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/listlookup":
+            await self.release.wait()
+        return await super().handle(request)
+
+
+async def test_the_first_lookup_asks_the_seeds_beside_the_discovery(make: Make) -> None:
+    """A new client's first lookup waits for one round trip, not two: the seed is asked
+    /lookup while its /listlookup is held; the lookupds it lists are asked once it answers,
+    and all the answers are merged. Later rounds discover first."""
+    cluster = FakeCluster()
+    seed = HeldListlookup(youzan_answer({0: 24510, 1: 24520}, partition_num=2))
+    cluster.add(A, seed)
+    cluster.add(B, FakeLookupd(youzan_answer({0: 24510, 1: 24530}, partition_num=2)))
+    cluster.add(C, FakeLookupd(youzan_answer({0: 24540, 1: 24520}, partition_num=2)))
+    seed.listlookup = listlookup(A, B, C)
+    manager = make(cluster, [A])
+
+    first = asyncio.ensure_future(manager.lookup("ptest", "w"))
+    await until(lambda: cluster.count(A, "/lookup") == cluster.count(A, "/listlookup") == 1)
+    assert cluster.count(B) == cluster.count(C) == 0
+    seed.release.set()
+    layout = await first
+    assert ports(layout) == {0: 24510, 1: 24520}  # two votes each, as in one round
+    assert [cluster.count(address, "/lookup") for address in (A, B, C)] == [1, 1, 1]
+
+    seed.release.clear()
+    again = asyncio.ensure_future(manager.refresh("ptest", "w"))
+    await until(lambda: cluster.count(A, "/listlookup") == 2)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert cluster.count(path="/lookup") == 3  # held until the discovery ends
+    seed.release.set()
+    await again
+    assert cluster.count(path="/lookup") == 6
+
+
 # --------------------------------------------------------------------------- health and backoff
 
 
@@ -315,35 +358,38 @@ async def test_failing_lookupd_is_down_ranked_with_exponential_backoff(
     bad = cluster.add(B, FakeLookupd(down=True))
     manager = make(cluster, [A, B], http_attempts=2)
 
-    await manager.refresh("t")  # t=1000: B fails /listlookup twice (tenacity), then is skipped
-    assert cluster.count(B) == 2
-    assert cluster.count(B, "/lookup") == 0
+    # t=1000, the first round: both seeds are asked /lookup beside the first discovery, so B
+    # fails /listlookup and /lookup twice each (one retry), then is skipped.
+    await manager.refresh("t")
+    assert cluster.count(B, "/listlookup") == 2
+    assert cluster.count(B, "/lookup") == 2
     assert cluster.count(A, "/lookup") == 1
 
     clock.now += 0.5
     await manager.refresh("t")
-    assert cluster.count(B) == 2  # still backing off (1 s)
+    assert cluster.count(B) == 4  # still backing off (1 s)
 
     clock.now += 0.5
-    await manager.refresh("t")  # t=1001: its time came, it fails again -> 2 s
-    assert cluster.count(B) == 4
+    await manager.refresh("t")  # t=1001: its time came, /listlookup fails again -> 2 s
+    assert cluster.count(B) == 6
+    assert cluster.count(B, "/lookup") == 2  # skipped by the lookups that follow discovery
 
     clock.now += 1.5
     await manager.refresh("t")
-    assert cluster.count(B) == 4
+    assert cluster.count(B) == 6
 
     bad.down = False
     clock.now += 0.5
     await manager.refresh("t")  # t=1003: back, answers both requests, backoff reset
-    assert cluster.count(B) == 6
-    assert cluster.count(B, "/lookup") == 1
+    assert cluster.count(B) == 8
+    assert cluster.count(B, "/lookup") == 3
 
     bad.down = True
     clock.now += 0.1
     await manager.refresh("t")  # fails: 1 s again, not 4 s
     clock.now += 1.0
     await manager.refresh("t")
-    assert cluster.count(B) == 6 + 2 + 2
+    assert cluster.count(B) == 8 + 2 + 2
 
 
 async def test_only_foreign_5xx_are_retried_and_down_ranked(make: Make, clock: FakeTime) -> None:
@@ -393,7 +439,8 @@ async def test_concurrent_refreshes_share_one_round(make: Make) -> None:
     manager = make(cluster, [A])
 
     callers = [asyncio.ensure_future(manager.refresh("ptest", "w")) for _ in range(50)]
-    await until(lambda: len(cluster.requests) == 1)  # the /listlookup, held at the gate
+    # the /listlookup and the seed's /lookup beside it (the first discovery), held at the gate
+    await until(lambda: len(cluster.requests) == 2)
     await asyncio.sleep(0)
     gate.set()
     layouts = await asyncio.gather(*callers)
@@ -480,11 +527,14 @@ async def test_wait_until_asks_in_rounds_until_the_layout_suits(
         asyncio.create_task(manager.wait_until("t", "w", lambda layout: 0 in layout.partitions, 10))
         for _ in range(5)
     ]
-    await until(lambda: clock.sleeps.count(0.25) == 5)
+    # One task asks for all five: one round, then one sleep, whatever the number of waiters
+    # (each waiter is a predicate and a future, not a loop of its own).
+    await until(lambda: clock.sleeps.count(0.25) == 1)
     assert cluster.count(A, "/lookup") == 2  # one round for the five waiters
+    assert len([t for t in asyncio.all_tasks() if "lookup-wait" in t.get_name()]) == 1
     clock.now += 0.25
     _wake_due(clock)
-    await until(lambda: clock.sleeps.count(0.25) == 10)
+    await until(lambda: clock.sleeps.count(0.25) == 2)
     assert cluster.count(A, "/lookup") == 3
     lookupd.lookup = youzan_answer({0: 24510, 1: 24520}, partition_num=2)  # a leader again
     clock.now += 0.25
@@ -605,6 +655,7 @@ async def test_all_down_without_cache(make: Make) -> None:
     cluster.add(A, FakeLookupd(down=True))
     cluster.add(B, FakeLookupd(httpx.Response(200, content=b"garbage")))
     manager = make(cluster, [A, B], http_attempts=1)
+    await manager.discover()  # A fails it: the lookups after a discovery skip A
     with pytest.raises(LookupFailedError) as info:
         await manager.lookup("t")
     message = str(info.value)
@@ -1003,3 +1054,18 @@ async def test_an_nsqd_given_as_a_lookupd_is_named_and_skipped(make: Make) -> No
     await both.discover()  # one real lookupd is enough; the nsqd is never asked to look up
     await both.lookup("t")
     assert (cluster.count(A, "/lookup"), cluster.count(B, "/lookup")) == (0, 1)
+
+
+async def test_closing_ends_every_wait_with_a_typed_error(make: Make, clock: FakeTime) -> None:
+    cluster = FakeCluster()
+    cluster.add(A, FakeLookupd(youzan_answer({1: 24520}, partition_num=2)))
+    manager = make(cluster, [A])
+    await manager.lookup("t", "w")
+    waiters = [
+        asyncio.create_task(manager.wait_until("t", "w", lambda layout: False, 10))
+        for _ in range(3)
+    ]
+    await until(lambda: clock.sleeping > 0)
+    await manager.close()
+    outcomes = await asyncio.gather(*waiters, return_exceptions=True)
+    assert all(isinstance(outcome, ClientClosedError) for outcome in outcomes)
