@@ -178,7 +178,8 @@ class Dispatcher:
         self.connects += 1
         if self.ledger is None:
             return
-        self._apply(self.ledger.add_lane(sub, sub.conn.max_rdy_count))
+        conn = sub.conn
+        self._apply(self.ledger.add_lane(sub, conn.max_rdy_count, keeps_count=conn.keeps_rdy_count))
         self._fit_budget()
         self._schedule_tick()
         subscriptions = max(self.wanted_subscriptions, len(self.ledger.lanes))

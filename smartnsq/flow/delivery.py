@@ -252,10 +252,11 @@ class DeliveryLedger(Generic[L]):
 
     # ------------------------------------------------------------------ lanes
 
-    def add_lane(self, lane: L, max_rdy_count: int) -> Decision[L]:
-        """``lane`` is subscribed: it gets its share of the flow."""
+    def add_lane(self, lane: L, max_rdy_count: int, *, keeps_count: bool = False) -> Decision[L]:
+        """``lane`` is subscribed: it gets its share of the flow (``keeps_count``: its server
+        keeps the RDY count as sent, see :meth:`RdyController.add_connection`)."""
         self.lanes[lane] = None
-        return self._flow(self.rdy.add_connection(lane, max_rdy_count))
+        return self._flow(self.rdy.add_connection(lane, max_rdy_count, keeps_count=keeps_count))
 
     def retire(self, lane: L) -> Decision[L]:
         """``lane`` leaves (its partition's leader moved): it gets no more flow (send it
