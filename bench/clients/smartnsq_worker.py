@@ -67,6 +67,7 @@ async def consume(args: Any, result: Result) -> None:
         args.channel,
         handler=handler,
         max_in_flight=args.max_in_flight,
+        ordered=args.ordered,
         **_targets(args),
     )
     try:
@@ -79,6 +80,7 @@ async def consume(args: Any, result: Result) -> None:
     meter.fill(result, expected)
     result.extra = {"finished": stats.finished, "connections": stats.connections}
     result.extra["handler"] = args.handler
+    result.extra["ordered"] = args.ordered
 
 
 async def _sequential(publish: Callable[[], Awaitable[Any]], count: int, lat: list[int]) -> None:

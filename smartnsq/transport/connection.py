@@ -108,6 +108,13 @@ class Connection(SessionLink, ReusableReadBuffer, CoalescingWriter):
         return self._session.max_rdy_count
 
     @property
+    def keeps_rdy_count(self) -> bool:
+        """nsqd keeps the RDY count as sent (every version since 0.2.29, youzan's too): it
+        needs no refresh as messages arrive. False before the handshake's answer."""
+        identify = self._session.identify
+        return identify is not None and identify.keeps_rdy_count
+
+    @property
     def layout(self) -> MessageLayout:
         return self._session.layout
 
