@@ -444,8 +444,10 @@ class Job:
     concurrency: int = 100
     max_in_flight: int = 2500
     handler: str = "async"  # consume: "async" or "plain" (a def, run in threads)
+    ordered: bool = False  # youzan consume: an ordered topic, Consumer(ordered=True)
     loop: str = "asyncio"  # the worker's event loop: "asyncio" or "uvloop"
     gc: str = "default"  # the worker's garbage collector: "default" or "freeze"
+    blocking: bool = False  # smartnsq pub1 through smartnsq.sync.Producer
     # extra environment of the worker: PYTHONPATH (another smartnsq tree), SMARTNSQ_PURE
     env: tuple[tuple[str, str], ...] = ()
 
@@ -459,9 +461,12 @@ def run_fresh(
     timeout: float | None = None,
 ) -> dict[str, Any]:
     """Start a cluster pinned to ``cluster_cpu`` (classic, or youzan with one topic of
-    ``partitions``), pre-fill it for consume, run the worker pinned to ``client_cpu``, stop
-    the cluster; the worker's JSON result."""
+    ``partitions``, ordered for an ordered job), pre-fill it for consume, run the worker
+    pinned to ``client_cpu``, stop the cluster; the worker's JSON result."""
+    if job.ordered and not job.youzan:
+        raise ValueError("ordered consumption needs youzan (an ordered topic)")
     topic = f"{TOPIC}:{job.partitions}:1" if job.youzan else TOPIC
+    topic += ":ordered" if job.ordered else ""
     # Publish runs too: youzan nsqlookupd refuses writes to a topic without a channel, and a
     # topic usually has consumers; every client's messages then take the same server path.
     channels = [f"{TOPIC}:{CHANNEL}"]
@@ -491,6 +496,9 @@ def run_fresh(
             argv += [f"--linger={job.linger}", f"--max-batch={job.max_batch}"]
         if job.client == "smartnsq":
             argv += [f"--handler={job.handler}", f"--loop={job.loop}", f"--gc={job.gc}"]
+            if job.blocking:
+                argv.append("--blocking")
+            argv += ["--ordered"] if job.ordered else []
         limit = timeout if timeout is not None else 60.0 + job.messages / 1000
         env = worker_env(dict(job.env))
         return run_worker(job.client, job.mode, argv, timeout=limit, python=python, env=env)

@@ -16,7 +16,11 @@ each round:
 100-byte bodies. Workloads: consume (pre-filled topic, max_in_flight 2500, FIN each),
 pub1 (sequential PUB, one in flight; latency of each), pub100 (100 concurrent publishers
 sharing one producer), mpub100 (batches of 100, ``--mpub-window`` in flight); smartnsq also
-pub100 with auto-batching (``linger``) and the youzan rows.
+pub1 through its blocking ``smartnsq.sync.Producer`` (pub1-blocking: beside gnsq's blocking
+publish and its own async pub1 of the same round), pub100 with auto-batching (``linger``)
+and the youzan rows, among them ordered consumption (``consume-ordered-youzan4``: an ordered
+topic of 4 partitions, ``ordered=True``, one message at a time per partition,
+``--consume-ordered`` messages).
 
 smartnsq runs in *variants*, each a row of its own: ``smartnsq`` (this tree, asyncio's
 loop, the compiled hot path where it is built), ``+uvloop`` (the worker on uvloop),
@@ -116,6 +120,8 @@ class Case:
     linger: float | None = None
     max_batch: int = 50
     handler: str = "async"
+    blocking: bool = False  # through smartnsq.sync.Producer
+    ordered: bool = False
 
     @property
     def base(self) -> str:
@@ -124,20 +130,27 @@ class Case:
 
 
 BASES = {
+    "pub1-blocking": "pub1",
     "pub100-batched": "pub100",
     "consume-youzan4": "consume",
+    "pub1-youzan4": "pub1",
     "pub100-youzan4": "pub100",
+    "mpub100-youzan4": "mpub100",
     "consume-plain": "consume",
 }
 WORKLOADS = (
     "consume",
     "consume-plain",
     "pub1",
+    "pub1-blocking",
     "pub100",
     "pub100-batched",
     "mpub100",
     "consume-youzan4",
+    "pub1-youzan4",
     "pub100-youzan4",
+    "mpub100-youzan4",
+    "consume-ordered-youzan4",
 )
 
 
@@ -147,14 +160,22 @@ def cases(linger: float, max_batch: int, variants: Sequence[str]) -> list[Case]:
         found += [Case(mode, client, mode) for client in (*variants, *OTHERS)]
     for variant in variants:
         found.append(Case("consume-plain", variant, "consume", handler="plain"))
+        found.append(Case("pub1-blocking", variant, "pub1", blocking=True))
         found.append(Case("pub100-batched", variant, "pub100", linger=linger, max_batch=max_batch))
         found.append(Case("consume-youzan4", variant, "consume", youzan=True))
+        found.append(Case("pub1-youzan4", variant, "pub1", youzan=True))
         found.append(Case("pub100-youzan4", variant, "pub100", youzan=True))
+        found.append(Case("mpub100-youzan4", variant, "mpub100", youzan=True))
+        found.append(Case("consume-ordered-youzan4", variant, "consume", youzan=True, ordered=True))
     return found
 
 
 def is_smartnsq(client: str) -> bool:
     return client not in OTHERS
+
+
+# A target's reference: the same variant's run of the workload's base (its async twin).
+SAME_VARIANT = "the same variant"
 
 
 @dataclass(frozen=True)
@@ -176,13 +197,22 @@ TARGETS = (
     Target("PUB, 100 in flight >= 2.9x pynsq", "pub100", "ratio", 2.9),
     Target("PUB, 100 in flight, auto-batching >= 5x pynsq", "pub100-batched", "ratio", 5.0),
     Target("sequential PUB latency p50 <= 0.85x pynsq", "pub1", "latency", 0.85),
+    Target(
+        "blocking sequential PUB >= 0.9x the async one (issue 29)",
+        "pub1-blocking",
+        "ratio",
+        0.9,
+        against=SAME_VARIANT,
+    ),
 )
 
 
 # --------------------------------------------------------------------------- running
 
 
-def counts(args: argparse.Namespace) -> dict[str, int]:
+def counts(args: argparse.Namespace, case: Case) -> dict[str, int]:
+    if case.ordered:
+        return {"consume": args.consume_ordered}
     return {
         "consume": args.consume,
         "pub1": args.pub1,
@@ -200,7 +230,7 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
     job = Job(
         program,
         case.mode,
-        counts(args)[case.mode],
+        counts(args, case)[case.mode],
         youzan=case.youzan,
         partitions=YOUZAN_PARTITIONS,
         linger=case.linger,
@@ -208,8 +238,10 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
         warmup=args.warmup,
         mpub_window=args.mpub_window,
         handler=case.handler,
+        ordered=case.ordered,
         loop=loop,
         gc="freeze" if is_smartnsq(case.client) and Variant.parse(case.client).gc else "default",
+        blocking=case.blocking,
         env=env,
     )
     return measure(job, Conditions.from_args(args), log)
@@ -240,12 +272,12 @@ def run_all(
                 result = run_case(case, args)
             except (WorkerError, RuntimeError) as exc:
                 record["error"] = str(exc)
-                log(f"round {round_}: {case.workload:<16} {case.client:<22} FAILED: {exc}")
+                log(f"round {round_}: {case.workload:<23} {case.client:<22} FAILED: {exc}")
             else:
                 record.update(result)
                 record["workload"] = case.workload
                 record["client"] = case.client  # the variant, not the worker's name
-                log(f"round {round_}: {case.workload:<16} {case.client:<22} {describe(record)}")
+                log(f"round {round_}: {case.workload:<23} {case.client:<22} {describe(record)}")
             record["run_seconds"] = time.perf_counter() - started
             runs.append(record)
     return runs, probes
@@ -298,6 +330,8 @@ def summarize(runs: list[dict[str, Any]], selected: list[Case]) -> dict[str, Any
             for other in reference_variants(case.client)
             if other in present and other != case.client
         ]
+        if case.blocking:  # against the same variant's async publish, too
+            references.append((case.client, case.base))
         for other, base in references:
             for metric, ratio in METRICS:
                 latency = metric in ("p50", "p99")
@@ -377,11 +411,12 @@ def check_targets(rows: list[dict[str, Any]], ratios: list[dict[str, Any]]) -> l
                         value = row.get(key)
             else:
                 metric = "p50" if target.kind == "latency" else "msgs/s"
+                against = variant if target.against == SAME_VARIANT else target.against
                 for ratio in ratios:
                     if (ratio["workload"], ratio["client"], ratio["against"], ratio["metric"]) == (
                         target.workload,
                         variant,
-                        target.against,
+                        against,
                         metric,
                     ):
                         value = ratio["ratio"]
@@ -412,7 +447,8 @@ def report(summary: dict[str, Any], args: argparse.Namespace, env: dict[str, Any
         f"cluster (embedded, fresh per run) pinned to core {args.cluster_cpu}, each client "
         f"worker in its own process pinned to core {args.client_cpu}; 100-byte bodies; "
         f"{args.rounds} round(s), order shuffled per round (seed {args.seed})",
-        f"messages per run: consume {args.consume:,} (pre-filled, max_in_flight 2500), pub1 "
+        f"messages per run: consume {args.consume:,} (pre-filled, max_in_flight 2500; ordered "
+        f"{args.consume_ordered:,}), pub1 "
         f"{args.pub1:,}, pub100 {args.pub100:,} (100 publishers), mpub100 {args.mpub100:,} "
         f"(batches of 100, {args.mpub_window} in flight); warm-up {args.warmup:,} (publish); "
         f"pub100-batched: Producer(linger={args.linger}, max_batch={args.max_batch})",
@@ -422,7 +458,7 @@ def report(summary: dict[str, Any], args: argparse.Namespace, env: dict[str, Any
         "(of which in the kernel), the cluster's; other load: CPU other processes used while "
         "measuring (% of one core)",
         "",
-        f"{'workload':<17}{'client':<22}{'msgs/s':>10}{'+-%':>5}{'client µs/msg':>15}"
+        f"{'workload':<24}{'client':<22}{'msgs/s':>10}{'+-%':>5}{'client µs/msg':>15}"
         f"{'(sys)':>7}{'cluster µs/msg':>16}{'other load':>12}{'p50 µs':>9}{'p99 µs':>9}"
         f"{'runs':>6}",
     ]
@@ -432,7 +468,7 @@ def report(summary: dict[str, Any], args: argparse.Namespace, env: dict[str, Any
         if row.get("msgs_per_s"):
             spread = 50 * (row["msgs_per_s_max"] - row["msgs_per_s_min"]) / row["msgs_per_s"]
         lines.append(
-            f"{row['workload']:<17}{row['client']:<22}"
+            f"{row['workload']:<24}{row['client']:<22}"
             f"{_num(row.get('msgs_per_s'), ',.0f', 10)}{_num(spread, '.0f', 5)}"
             f"{_num(row.get('client_us_per_msg'), '.2f', 15)}"
             f"{_num(row.get('client_sys_us_per_msg'), '.1f', 7)}"
@@ -448,13 +484,13 @@ def report(summary: dict[str, Any], args: argparse.Namespace, env: dict[str, Any
         "",
         "same-round ratios: median over rounds [lowest-highest]; msgs/s: higher is better; "
         "client CPU per message and latency: lower is better",
-        f"{'workload':<17}{'client':<22}{'against':<22}{'metric':<12}{'ratio':>8}"
+        f"{'workload':<24}{'client':<22}{'against':<22}{'metric':<12}{'ratio':>8}"
         f"{'spread':>16}{'rounds':>8}",
     ]
     for ratio in summary["ratios"]:
         spread = f"[{ratio['min']:.2f}-{ratio['max']:.2f}]"
         lines.append(
-            f"{ratio['workload']:<17}{ratio['client']:<22}{ratio['against']:<22}"
+            f"{ratio['workload']:<24}{ratio['client']:<22}{ratio['against']:<22}"
             f"{ratio['metric']:<12}{ratio['ratio']:>7.2f}x{spread:>16}{ratio['rounds']:>8}"
         )
     lines += ["", "targets"]
@@ -498,6 +534,7 @@ def environment() -> dict[str, Any]:
 # messages per run (full, --quick), and the publishers' warm-up
 COUNTS = {
     "consume": (200_000, 5_000),
+    "consume-ordered": (40_000, 2_000),
     "pub1": (20_000, 500),
     "pub100": (150_000, 5_000),
     "mpub100": (500_000, 10_000),
@@ -542,8 +579,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, help="shuffle seed (default: random)")
     args = parser.parse_args(argv)
     for name, (full, quick) in COUNTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, quick if args.quick else full)
+        if getattr(args, name.replace("-", "_")) is None:
+            setattr(args, name.replace("-", "_"), quick if args.quick else full)
     if args.quick:
         args.rounds = 1
         args.quiet_patience = min(args.quiet_patience, 5.0)

@@ -11,6 +11,15 @@ serialises everything that touches the client's state. The loop thread, with its
 deadlock guards, is :class:`smartnsq.transport.loopthread.LoopThread` (the Spark source uses
 it too).
 
+One exception, for speed: ``Producer.publish`` makes its first try in the calling thread
+(:mod:`smartnsq.producer.blocking`), over a blocking connection driven by the same protocol
+session, with the async producer's router, codec and cached layouts; what that try does not
+end (no layout cached yet, an error, a lost connection, the deadline) goes on on the loop
+as the async publish goes on after its first try, retries and failover included. A
+sequential blocking publish then costs about what an async one does, instead of two thread
+hops more. Auto-batching producers (``linger``), OpenTelemetry-traced ones and sharding
+callables of the user's (which run on the loop) keep every try on the loop.
+
 Rules that follow from the design:
 
 * A client belongs to the process that created it. After ``os.fork()`` the child holds a copy
@@ -42,6 +51,7 @@ from smartnsq.consumer.consumer import Consumer as AsyncConsumer
 from smartnsq.consumer.consumer import ConsumerStats, is_coroutine_function
 from smartnsq.consumer.message import Message as AsyncMessage
 from smartnsq.errors import ClientClosedError, NSQTimeoutError
+from smartnsq.producer.blocking import BlockingPublisher, Handover
 from smartnsq.producer.producer import Producer as AsyncProducer
 from smartnsq.producer.producer import ProducerStats
 from smartnsq.publishing.result import PublishResult
@@ -58,6 +68,12 @@ T = TypeVar("T")
 
 # How long close() waits for the loop thread to end.
 _JOIN_TIMEOUT = 10.0
+# What a publish may name and still make its first try in the calling thread.
+_PUBLISH_KEYWORDS = frozenset(inspect.signature(AsyncProducer.publish).parameters) - {
+    "self",
+    "topic",
+    "body",
+}
 # The async consumer's default drain time, read rather than copied.
 _DRAIN_TIMEOUT: float = inspect.signature(AsyncConsumer.close).parameters["timeout"].default
 
@@ -116,7 +132,9 @@ class _Client:
         return client
 
     def _check(self, what: str) -> None:
-        self._runner.check(f"{self._kind}.{what}()")
+        runner = self._runner
+        if os.getpid() != runner.pid or runner.in_loop_thread():
+            runner.check(f"{self._kind}.{what}()")  # raises what it is
         if self._state in ("closing", "closed"):
             raise ClientClosedError(f"this {self._kind} is closed; create a new one")
 
@@ -135,6 +153,8 @@ class _Client:
         return runner.call(fn, what)
 
     def _mark_started(self) -> None:
+        if self._state != "new":
+            return
         with self._lifecycle:
             if self._state == "new":
                 self._state = "started"
@@ -219,10 +239,12 @@ class Producer(_Client):
     @_same_arguments(AsyncProducer.__init__)
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._start_loop("smartnsq-producer-loop")
-        self._producer = self._build(lambda: AsyncProducer(*args, **kwargs))
-        config = self._producer.options.connection_config
+        producer = self._producer = self._build(lambda: AsyncProducer(*args, **kwargs))
+        config = producer.options.connection_config
         # A publish may connect and look up before its own time limit starts to count.
         self._overhead = 2 * config.connect_timeout + config.request_timeout + _GRACE
+        # Publishes make their first try in the calling thread when they can.
+        self._here = BlockingPublisher(producer) if BlockingPublisher.serves(producer) else None
 
     def start(self) -> Producer:
         """Return once publishing can succeed (see :meth:`smartnsq.Producer.start`)."""
@@ -237,6 +259,32 @@ class Producer(_Client):
         """Blocking :meth:`smartnsq.Producer.publish`."""
         self._check("publish")
         self._mark_started()  # the async producer starts itself on first use
+        here = self._here
+        if (
+            here is not None
+            and len(args) == 2
+            and kwargs.keys() <= _PUBLISH_KEYWORDS
+            and (here.shards_here or kwargs.get("sharding_key") is None)
+        ):
+            # Checked and tried in this thread; the loop goes on with what that try did not
+            # end (see smartnsq.producer.blocking).
+            producer = self._producer
+            option = kwargs.get
+            request, timeout = producer._request(
+                *args,
+                option("partition"),
+                option("sharding_key"),
+                option("trace_id"),
+                option("ext"),
+                option("delay"),
+                option("timeout"),
+            )
+            outcome = here.publish(request, timeout)
+            if not isinstance(outcome, Handover):
+                return outcome[0]
+            tries, failure, remaining = outcome
+            carried_on = producer._run(request, remaining, tries, failure)
+            return self._runner.run(carried_on, remaining + self._overhead, "publish()")[0]
         bound = self._bound(kwargs.get("timeout"))
         return self._runner.run(self._producer.publish(*args, **kwargs), bound, "publish()")
 
@@ -251,7 +299,9 @@ class Producer(_Client):
 
     def stats(self) -> ProducerStats:
         """A snapshot of the counters (see :meth:`smartnsq.Producer.stats`; also after close)."""
-        return self._read(self._producer.stats, "stats()")
+        snapshot = self._read(self._producer.stats, "stats()")
+        here = self._here
+        return snapshot if here is None else here.stats(snapshot)
 
     def set_trace(self, enabled: bool, topic: str | None = None) -> None:
         """Turn message tracing on or off (see :meth:`smartnsq.Producer.set_trace`)."""
@@ -272,12 +322,19 @@ class Producer(_Client):
     def close(self) -> None:
         """Close the connections and stop the loop thread. Idempotent; the producer is not
         reusable. Publishes still running in other threads fail."""
-        error = self._close(self._producer.close, _GRACE)
+        error = self._close(self._abandon(), _GRACE)
         if error is not None:
             raise error
 
-    def _abandon(self) -> Callable[[], Awaitable[Any]]:
-        return self._producer.close
+    def _abandon(self) -> Callable[[], Coroutine[Any, Any, None]]:
+        here, producer = self._here, self._producer
+
+        async def close_all() -> None:
+            if here is not None:
+                here.close()
+            await producer.close()
+
+        return close_all
 
     def __enter__(self) -> Producer:
         try:

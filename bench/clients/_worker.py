@@ -186,6 +186,9 @@ def parse_args(client: str, workloads: tuple[str, ...], argv: list[str] | None =
     parser.add_argument("--batch", type=int, default=100, help="mpub100: messages per MPUB")
     parser.add_argument("--mpub-window", type=int, default=1, help="mpub100: MPUBs in flight")
     parser.add_argument("--max-in-flight", type=int, default=2500, help="consume")
+    parser.add_argument(
+        "--ordered", action="store_true", help="smartnsq consume: ordered=True (an ordered topic)"
+    )
     parser.add_argument("--linger", type=float, help="smartnsq: auto-batching linger (s)")
     parser.add_argument("--max-batch", type=int, default=100, help="smartnsq: auto-batch size")
     parser.add_argument(
@@ -206,6 +209,11 @@ def parse_args(client: str, workloads: tuple[str, ...], argv: list[str] | None =
         default="default",
         help="freeze: gc.freeze() once started and warmed up (what exists then is never "
         "collected again)",
+    )
+    parser.add_argument(
+        "--blocking",
+        action="store_true",
+        help="smartnsq pub1: publish through smartnsq.sync.Producer (blocking calls)",
     )
     parser.add_argument("--cluster-pid", type=int, help="read this process's CPU too")
     parser.add_argument("--cpu", type=int, help="pin this worker to this core")

@@ -2,8 +2,9 @@
 
 Used the way its documentation shows: ``Producer.publish`` awaited (sequentially, or by
 ``--concurrency`` tasks sharing one producer), ``Producer.publish_many`` for batches,
-``Producer(linger=...)`` for auto-batching, and ``Consumer(handler=async fn)`` whose handler
-returning finishes the message. ``--nsqd`` for classic nsqd, ``--lookupd`` for youzan.
+``Producer(linger=...)`` for auto-batching, ``smartnsq.sync.Producer.publish`` called
+sequentially (``--blocking``), and ``Consumer(handler=async fn)`` whose handler returning
+finishes the message. ``--nsqd`` for classic nsqd, ``--lookupd`` for youzan.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ async def consume(args: Any, result: Result) -> None:
         args.channel,
         handler=handler,
         max_in_flight=args.max_in_flight,
+        ordered=args.ordered,
         **_targets(args),
     )
     try:
@@ -78,6 +80,7 @@ async def consume(args: Any, result: Result) -> None:
     meter.fill(result, expected)
     result.extra = {"finished": stats.finished, "connections": stats.connections}
     result.extra["handler"] = args.handler
+    result.extra["ordered"] = args.ordered
 
 
 async def _sequential(publish: Callable[[], Awaitable[Any]], count: int, lat: list[int]) -> None:
@@ -143,6 +146,39 @@ async def publish(args: Any, result: Result) -> None:
         result.extra["max_batch"] = max_batch
 
 
+def publish_blocking(args: Any, result: Result) -> None:
+    """pub1 through ``smartnsq.sync.Producer``: one blocking publish after the other from
+    this thread, as a plain Python service publishes. Its loop thread runs the loop the
+    worker was asked for."""
+    if args.workload != "pub1" or args.linger is not None:
+        raise SystemExit("--blocking: pub1 only, without --linger")
+    os.environ["SMARTNSQ_UVLOOP"] = "1" if args.loop == "uvloop" else "0"
+    from smartnsq import sync
+
+    producer = sync.Producer(**_targets(args))
+    topic = args.topic
+    latencies: list[int] = []
+    clock = time.perf_counter_ns
+
+    def run(messages: int) -> None:
+        for _ in range(messages):
+            t0 = clock()
+            producer.publish(topic, BODY)
+            latencies.append(clock() - t0)
+
+    meter = Meter(args.cluster_pid)
+    with producer:
+        run(args.warmup)
+        latencies.clear()
+        settle_gc(args.gc)
+        meter.start()
+        run(args.messages)
+        meter.stop()
+    meter.fill(result, args.messages)
+    result.latency_us = percentiles(latencies)
+    result.extra["blocking"] = True
+
+
 def _compiled_modules() -> list[str]:
     """The smartnsq modules loaded from compiled extensions."""
     return sorted(
@@ -155,8 +191,11 @@ def _compiled_modules() -> list[str]:
 def main() -> int:
     args = parse_args("smartnsq", CONSUME_WORKLOADS + PUBLISH_WORKLOADS)
     result = Result("smartnsq", smartnsq.__version__, args.workload)
-    work = consume if args.workload == "consume" else publish
-    run_loop(work(args, result), args.loop)
+    if args.blocking:
+        publish_blocking(args, result)
+    else:
+        work = consume if args.workload == "consume" else publish
+        run_loop(work(args, result), args.loop)
     result.extra["loop"] = args.loop
     result.extra["gc"] = args.gc
     result.extra["smartnsq_file"] = smartnsq.__file__

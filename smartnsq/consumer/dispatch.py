@@ -113,6 +113,7 @@ class Dispatcher:
         self._metered = (0, 0)  # the ledger's (finished, requeued) last sent to the metrics
         self._trace_countdown = 0
         self._tracing = False
+        self._observing = telemetry.metering  # _tracing or metering
         self._run: Callable[[Message], None] = self._to_inbox  # the handler's, once started
 
     @property
@@ -178,7 +179,8 @@ class Dispatcher:
         self.connects += 1
         if self.ledger is None:
             return
-        self._apply(self.ledger.add_lane(sub, sub.conn.max_rdy_count))
+        conn = sub.conn
+        self._apply(self.ledger.add_lane(sub, conn.max_rdy_count, keeps_count=conn.keeps_rdy_count))
         self._fit_budget()
         self._schedule_tick()
         subscriptions = max(self.wanted_subscriptions, len(self.ledger.lanes))
@@ -240,6 +242,11 @@ class Dispatcher:
     def on_message(self, sub: Subscription, conn: Connection, frame: MessageFrame) -> None:
         decision = self._receive(sub, frame)  # type: ignore[arg-type]  # a Message (Delivery)
         if decision is RUN_NOW:  # the common case, with nothing else to do
+            countdown = self._trace_countdown - 1
+            if countdown > 0 and frame.ext_raw is None and not self._observing:
+                self._trace_countdown = countdown  # what _observed() does, inline
+                self._run(frame)  # type: ignore[arg-type]
+                return
             if frame.ext_raw is not None or self._observed():
                 self._accepted(frame, conn)  # type: ignore[arg-type]
             self._run(frame)  # type: ignore[arg-type]
@@ -269,7 +276,8 @@ class Dispatcher:
         if self._trace_countdown <= 0:
             self._trace_countdown = TRACE_CHECK
             self._tracing = TRACE_LOGGER.isEnabledFor(logging.INFO)
-        return self._tracing or self.telemetry.metering
+            self._observing = self._tracing or self.telemetry.metering
+        return self._observing
 
     def _accepted(self, message: Message, conn: Connection) -> None:
         """A delivery taken for the handler (now or in its turn)."""
@@ -368,7 +376,9 @@ class Dispatcher:
             self.log_failure(message, exc)
             self.failed(message)
         if self.ordered:
-            self._apply(ledger.handler_done(message))
+            turn = ledger.handler_done(message)
+            if turn.run:  # the partition's next delivery waited for this one
+                self._apply(turn)
 
     def failed(self, message: Message) -> None:
         """``message``'s handler (or ``async with`` block) raised: requeue it with the

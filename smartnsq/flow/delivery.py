@@ -252,10 +252,11 @@ class DeliveryLedger(Generic[L]):
 
     # ------------------------------------------------------------------ lanes
 
-    def add_lane(self, lane: L, max_rdy_count: int) -> Decision[L]:
-        """``lane`` is subscribed: it gets its share of the flow."""
+    def add_lane(self, lane: L, max_rdy_count: int, *, keeps_count: bool = False) -> Decision[L]:
+        """``lane`` is subscribed: it gets its share of the flow (``keeps_count``: its server
+        keeps the RDY count as sent, see :meth:`RdyController.add_connection`)."""
         self.lanes[lane] = None
-        return self._flow(self.rdy.add_connection(lane, max_rdy_count))
+        return self._flow(self.rdy.add_connection(lane, max_rdy_count, keeps_count=keeps_count))
 
     def retire(self, lane: L) -> Decision[L]:
         """``lane`` leaves (its partition's leader moved): it gets no more flow (send it
@@ -377,37 +378,45 @@ class DeliveryLedger(Generic[L]):
         sequence = self._sequence
         offset = delivery.offset
         partition = lane.partition
-        moved_from = replay = None
-        if offset is not None:
-            replay = self.options.skip_replays and sequence.is_replay(
-                partition, offset, delivery.timestamp
-            )
-            moved_from = sequence.moved_from(partition, lane, offset, replay)
-            if moved_from is not None:  # a seek: what follows is the user's new start
-                sequence.restart(partition)
-                self.counts.channel_moves += 1
-                replay = False
-        if replay:
-            self.counts.replays_skipped += 1
-            command = commands.fin(delivery.id)
-            return self._answered(ANSWER, delivery, command, "neutral", rdy, tally=False)
-        violation = None
         internal_id = delivery.internal_id
-        if internal_id is not None:
-            violation = sequence.violation(
-                partition,
-                internal_id,
-                offset if offset is not None else -1,
-                delivery.raw_size or 0,
-                lane,
+        moved_from = violation = None
+        if (
+            offset is None
+            or internal_id is None
+            or not sequence.next_in_line(
+                partition, lane, internal_id, offset, delivery.raw_size or 0, delivery.timestamp
             )
-            if violation is not None:
-                self.counts.order_violations += 1
-                if self.options.halt_on_violation:
-                    command = commands.req(delivery.id, 0)
-                    decision = self._answered(ANSWER, delivery, command, "neutral", rdy)
-                    decision.violation = violation
-                    return decision
+        ):
+            # Not simply the next message on this connection: a move, a replay, a violation?
+            replay = None
+            if offset is not None:
+                replay = self.options.skip_replays and sequence.is_replay(
+                    partition, offset, delivery.timestamp
+                )
+                moved_from = sequence.moved_from(partition, lane, offset, replay)
+                if moved_from is not None:  # a seek: what follows is the user's new start
+                    sequence.restart(partition)
+                    self.counts.channel_moves += 1
+                    replay = False
+            if replay:
+                self.counts.replays_skipped += 1
+                command = commands.fin(delivery.id)
+                return self._answered(ANSWER, delivery, command, "neutral", rdy, tally=False)
+            if internal_id is not None:
+                violation = sequence.violation(
+                    partition,
+                    internal_id,
+                    offset if offset is not None else -1,
+                    delivery.raw_size or 0,
+                    lane,
+                )
+                if violation is not None:
+                    self.counts.order_violations += 1
+                    if self.options.halt_on_violation:
+                        command = commands.req(delivery.id, 0)
+                        decision = self._answered(ANSWER, delivery, command, "neutral", rdy)
+                        decision.violation = violation
+                        return decision
         if lane.current is not None:
             lane.queue.append(delivery)
             verdict, shared = HOLD, _HOLD
@@ -437,10 +446,10 @@ class DeliveryLedger(Generic[L]):
         if delivery.responded:
             return None
         lane: L = delivery.lane  # type: ignore[assignment]  # the lane it was received on
-        if not success or self.ordered or lane.closing or lane.lost:
+        if not success or lane.closing or lane.lost or self._turn_ends_with_answer:
             outcome: Outcome = "success" if success else "neutral"
             return self._settle(delivery, commands.fin(delivery.id), outcome)
-        # A handled message of an unordered lane: what _settle does, inline (per message).
+        # A handled message of an open lane: what _settle does, inline (per message).
         delivery.responded = True
         message_id = delivery.id
         lane.pending.discard(message_id)
@@ -449,6 +458,11 @@ class DeliveryLedger(Generic[L]):
         self.counts.finished += 1
         lane.finished += 1
         command = commands.fin(message_id)
+        if self.ordered:
+            lane.last = (message_id, delivery.attempts, command)
+            offset, size = delivery.offset, delivery.raw_size
+            if offset is not None and size is not None:
+                self._sequence.finished(lane.partition, offset, size, delivery.timestamp)
         done = self._rdy_on_done(lane, "success")
         if done:
             return Decision(NOTHING, ((lane, command),), done)

@@ -59,6 +59,29 @@ class PartitionSequence:
             return last[2]
         return None
 
+    def next_in_line(
+        self,
+        partition: Hashable,
+        lane: object,
+        internal_id: int,
+        offset: int,
+        raw_size: int,
+        timestamp: int,
+    ) -> bool:
+        """The common case, in one call: a delivery on connection ``lane`` that is the next
+        message after the last one seen on it (its offset follows that one's, its internal id
+        is higher) and not one this consumer finished: recorded as :meth:`violation` would
+        (it is no move, replay or violation). False: nothing is recorded, ask the other
+        methods."""
+        last = self._last_seen.get(partition)
+        if last is None or last[3] is not lane or offset != last[2] or internal_id <= last[0]:
+            return False
+        done = self._finished_upto.get(partition)
+        if done is not None and offset < done[0] and timestamp <= done[1]:
+            return False  # a replay
+        self._last_seen[partition] = (internal_id, offset, offset + raw_size, lane)
+        return True
+
     def restart(self, partition: Hashable) -> None:
         """The channel of ``partition`` was moved: forget its sequence (what was finished is
         no replay now, and the next delivery is the new start)."""

@@ -9,6 +9,9 @@ Client Libraries* guide):
   ``max_rdy_count``;
 * the budget is spread evenly; a new connection starts at ``RDY 1`` and gets its share after
   its first message;
+* a count is sent again as it runs low (below a quarter of it: after every message at
+  ``RDY 1``) only to a server that takes one off per message sent (nsqd before 0.2.29);
+  one that keeps the count as sent (``keeps_count``) gets it once;
 * with fewer budget units than connections, the ``RDY 1`` slots rotate so that every
   connection is eventually served;
 * after handler failures the flow stops (``RDY 0``) for a backoff window, then the consumer
@@ -58,6 +61,7 @@ class _Conn(Generic[K]):
         "holder",
         "in_flight",
         "initial",
+        "keeps_count",
         "key",
         "last_message",
         "max_rdy",
@@ -70,9 +74,10 @@ class _Conn(Generic[K]):
         "starved",
     )
 
-    def __init__(self, key: K, max_rdy: int, order: int, now: float) -> None:
+    def __init__(self, key: K, max_rdy: int, order: int, now: float, keeps_count: bool) -> None:
         self.key = key
         self.max_rdy = max_rdy
+        self.keeps_count = keeps_count  # the server keeps the count: never refreshed
         self.order = order  # insertion rank: the deterministic tie-breaker
         self.rdy = 0
         self.share = 0
@@ -225,8 +230,11 @@ class RdyController(Generic[K]):
 
     # ------------------------------------------------------------------ events
 
-    def add_connection(self, key: K, max_rdy_count: int = MAX_RDY_COUNT) -> list[tuple[K, int]]:
-        """Register a subscribed connection; ``max_rdy_count`` comes from IDENTIFY."""
+    def add_connection(
+        self, key: K, max_rdy_count: int = MAX_RDY_COUNT, *, keeps_count: bool = False
+    ) -> list[tuple[K, int]]:
+        """Register a subscribed connection; ``max_rdy_count`` comes from IDENTIFY, and
+        ``keeps_count`` says that its server keeps the RDY count as sent (no refresh)."""
         if type(max_rdy_count) is not int:
             raise ValidationError(
                 "max_rdy_count", f"must be an int, not {type(max_rdy_count).__name__}"
@@ -236,7 +244,7 @@ class RdyController(Generic[K]):
         if key in self._conns:
             raise ValidationError("key", f"connection {key!r} is already registered")
         now = self._clock()
-        self._conns[key] = _Conn(key, max_rdy_count, self._next_order, now)
+        self._conns[key] = _Conn(key, max_rdy_count, self._next_order, now, keeps_count)
         self._next_order += 1
         return self._rebalance(now)
 
@@ -275,12 +283,13 @@ class RdyController(Generic[K]):
                 self._send(conn, share)
                 return [(key, share)]
         if rdy and remaining * 4 < rdy:
-            # Below 25 % of the last count: re-send it (old nsqd versions decrement RDY).
+            # Below 25 % of the last count: re-send it to a server that decrements it.
             # Every message at RDY 1 comes here, so the test of the waters costs nothing more.
             conn.remaining = rdy
             if self._testing and self._probe is None:
                 return self._probe_arrived(conn)
-            return [(key, rdy)]
+            if not conn.keeps_count:
+                return [(key, rdy)]
         return []
 
     def on_done(self, key: K, outcome: Outcome) -> list[tuple[K, int]]:

@@ -329,32 +329,55 @@ class Producer:
         publish raises :class:`PublishError` (retries exhausted) or the server's typed error
         (not retriable).
         """
+        batcher = self._batcher
+        if (
+            batcher is not None
+            and timeout is None
+            and trace_id is None
+            and ext is None
+            and delay is None
+        ):
+            if (
+                partition is None
+                and sharding_key is None
+                and self._state == "started"
+                and not self.tracing(topic)
+            ):
+                # The common auto-batched publish: the topic's unkeyed lane, nothing to
+                # decide (the batch is the request; see _batched for every other case).
+                check_topic(topic)
+                data = check_body(body, self._max_msg_size)
+                if self._closing:
+                    raise _closing_error()
+                result: PublishResult = await batcher.add((topic, "any"), data, None, ordered=False)
+                return result
+            request, _ = self._request(topic, body, partition, sharding_key, None, None, None, None)
+            return await self._batched(request)
+        request, timeout = self._request(
+            topic, body, partition, sharding_key, trace_id, ext, delay, timeout
+        )
+        results = await self._run(request, timeout)
+        return results[0]
+
+    def _request(
+        self,
+        topic: str,
+        body: bytes | str,
+        partition: int | None,
+        sharding_key: Any,
+        trace_id: int | None,
+        ext: Mapping[str, Any] | None,
+        delay: float | None,
+        timeout: float | None,
+    ) -> tuple[PublishRequest, float | None]:
+        """:meth:`publish`'s arguments checked (bad input raises here, before anything is
+        sent): its request, and its own time bound (None: ``publish_timeout``)."""
         check_topic(topic)
         data = check_body(body, self._max_msg_size)
         if timeout is not None:
             timeout = check_publish_timeout("timeout", timeout)
         if self._closing:
             raise _closing_error()
-        batcher = self._batcher
-        batched = (
-            batcher is not None
-            and timeout is None
-            and trace_id is None
-            and ext is None
-            and delay is None
-        )
-        if (
-            batcher is not None
-            and batched
-            and partition is None
-            and sharding_key is None
-            and self._state == "started"
-            and not self.tracing(topic)
-        ):
-            # The common auto-batched publish: the topic's unkeyed lane, nothing to decide
-            # (the batch is the request; see _batched for every other case).
-            result: PublishResult = await batcher.add((topic, "any"), data, None, ordered=False)
-            return result
         if partition is None and sharding_key is None:
             key = NO_KEY
         else:
@@ -365,22 +388,18 @@ class Producer:
             and delay is None
             and not self._trace_topics.get(topic, self._trace_default)  # tracing(topic)
         ):
-            request = PublishRequest(topic, "PUB", [data], partition, key)
-        else:
-            request = message_request(
-                topic,
-                data,
-                partition=partition,
-                key=key,
-                trace_id=trace_id,
-                ext=ext,
-                delay=delay,
-                switched_trace_id=self._switched_trace_id(topic, key),
-            )
-        if batched:
-            return await self._batched(request)
-        results = await self._run(request, timeout)
-        return results[0]
+            return PublishRequest(topic, "PUB", [data], partition, key), timeout
+        request = message_request(
+            topic,
+            data,
+            partition=partition,
+            key=key,
+            trace_id=trace_id,
+            ext=ext,
+            delay=delay,
+            switched_trace_id=self._switched_trace_id(topic, key),
+        )
+        return request, timeout
 
     async def publish_many(
         self,
@@ -610,21 +629,32 @@ class Producer:
 
     # ------------------------------------------------------------------ one publish
 
-    async def _run(self, request: PublishRequest, timeout: float | None) -> list[PublishResult]:
+    async def _run(
+        self,
+        request: PublishRequest,
+        timeout: float | None,
+        tries: PublishTries | None = None,
+        failure: BaseException | None = None,
+    ) -> list[PublishResult]:
         """Publish ``request`` (every publish that is not auto-batched, and every batch the
         batcher sends): its first try and its retries take the one path of a try
         (:meth:`_try`), all by one deadline (``timeout``, else ``publish_timeout``); the
-        outcome is counted and, with OpenTelemetry, traced."""
+        outcome is counted and, with OpenTelemetry, traced. A first try made elsewhere (a
+        blocking publish's, by its calling thread: ``tries``) that failed with ``failure``
+        goes on here, from its retries."""
         if self._state != "started":
             self._begin()
         telemetry = self._telemetry
         metered = telemetry.enabled
         span = telemetry.start_send(request.topic, len(request.bodies)) if metered else None
-        tries = PublishTries(span)
+        if tries is None:
+            tries = PublishTries(span)
         now = self._clock()
         deadline = now + (self.options.publish_timeout if timeout is None else timeout)
         try:
             try:
+                if failure is not None:
+                    raise failure
                 frame = await self._try(request, tries, deadline, now)
             except NSQError as exc:
                 frame = await self._retry(request, tries, deadline, exc)
@@ -716,12 +746,8 @@ class Producer:
     ) -> Awaitable[bytes]:
         """Encode the try (what the server refuses raises here, before anything is sent) and
         queue it on ``conn``; the awaitable gets nsqd's answer, by ``deadline``."""
-        command, data, tries.trace_ids = self._prepare(
-            request, route, route.youzan or conn.youzan, tries.span
-        )
         remaining = deadline - now
-        if remaining <= 0:
-            raise NSQTimeoutError(f"the publish ran out of time before try {tries.count} was sent")
+        command, data = self._encode(request, tries, route, route.youzan or conn.youzan, remaining)
         # request_timeout is the connection's: an answer later than that means the link is
         # dead, and the connection closes. A publish whose deadline comes first stops waiting
         # then, and leaves the connection (and the publishes sharing it) alone.
@@ -730,6 +756,22 @@ class Producer:
         if remaining >= self._request_timeout:
             return answer
         return _by_deadline(answer, deadline, f"{command} to {route.address}")
+
+    def _encode(
+        self,
+        request: PublishRequest,
+        tries: PublishTries,
+        route: Route,
+        youzan: bool,
+        remaining: float,
+    ) -> tuple[str, bytes]:
+        """The command and bytes of this try for its server (``youzan``: a youzan nsqd),
+        noting the trace ids it sends in ``tries``; what the server refuses raises here, and
+        so does a try left no time (``remaining`` seconds), before anything is sent."""
+        command, data, tries.trace_ids = self._prepare(request, route, youzan, tries.span)
+        if remaining <= 0:
+            raise NSQTimeoutError(f"the publish ran out of time before try {tries.count} was sent")
+        return command, data
 
     def _route_in(
         self, request: PublishRequest, tries: PublishTries, layout: TopicLayout | None

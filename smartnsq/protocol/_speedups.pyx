@@ -11,7 +11,9 @@ the Python code, which runs wherever this module was not built, or when ``SMARTN
   object built with its class's ``__new__`` and slot stores (no Python ``__init__`` call);
 * ``mpub_frame``: ``commands._mpub_frame``, the MPUB frame written into one preallocated
   bytes object (one copy of each body, no per-body length-prefix object);
-* ``fin``: ``commands.fin``, the 21 bytes written at once.
+* ``fin``: ``commands.fin``, the 21 bytes written at once;
+* ``checked_size``: ``validation.pure_checked_size``, an MPUB batch's bodies checked and
+  their sizes added in one loop.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
@@ -164,6 +166,36 @@ def mpub_frame(head, elements, Py_ssize_t max_body_size, str unit="bytes"):
         memcpy(out + 4, PyBytes_AS_STRING(element), n)
         out += 4 + n
     return frame
+
+
+cdef object _reference_size = None  # validation.pure_checked_size
+
+
+def checked_size(bodies, Py_ssize_t max_msg_size):
+    """``validation.pure_checked_size``: the bytes of a list of bodies together when each
+    is ``bytes`` of 1..``max_msg_size`` bytes, else -1 (anything but a list: the reference)."""
+    global _reference_size
+    if type(bodies) is not list:
+        if _reference_size is None:
+            from smartnsq.protocol import validation
+
+            _reference_size = validation.pure_checked_size
+        return _reference_size(bodies, max_msg_size)
+    cdef list items = bodies
+    cdef Py_ssize_t i, n, total = 0
+    cdef Py_ssize_t count = len(items)
+    cdef object element
+    if count == 0:
+        return -1
+    for i in range(count):
+        element = items[i]
+        if type(element) is not bytes:
+            return -1
+        n = PyBytes_GET_SIZE(element)
+        if n == 0 or n > max_msg_size:
+            return -1
+        total += n
+    return total
 
 
 cdef object _reference_fin = None  # commands.pure_fin

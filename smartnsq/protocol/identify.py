@@ -14,7 +14,7 @@ from smartnsq.errors import ProtocolError, ValidationError
 from smartnsq.protocol import commands
 from smartnsq.protocol.validation import MAX_DESIRED_TAG_LENGTH, MAX_RDY_COUNT
 
-__all__ = ["IdentifyRequest", "IdentifyResponse", "is_youzan_version"]
+__all__ = ["IdentifyRequest", "IdentifyResponse", "is_youzan_version", "keeps_rdy_count"]
 
 MAX_HEARTBEAT_INTERVAL_MS = 60_000
 MAX_OUTPUT_BUFFER_SIZE = 64 * 1024
@@ -27,6 +27,23 @@ def is_youzan_version(version: str) -> bool:
     """youzan HA nodes report versions such as ``0.3.7-HA.1.13.0`` (to IDENTIFY and to
     nsqlookupd alike)."""
     return "-HA." in version
+
+
+# nsqd before 0.2.29 took one off a client's RDY count for every message it sent, so a client
+# had to send the count again as it ran low; since then (nsqio/nsq v1.3.0 and youzan/nsq
+# 0.3.7-HA.1.13.0 alike, nsqd/client_v2.go SendingMessage) it counts the message in flight
+# and keeps the count as the client sent it.
+_RDY_KEPT_SINCE = (0, 2, 29)
+
+
+def keeps_rdy_count(version: str) -> bool:
+    """Whether an nsqd of ``version`` (what IDENTIFY reports: ``1.3.0``,
+    ``0.3.7-HA.1.13.0``) keeps a client's RDY count as sent. False for a version it cannot
+    read: the client then refreshes the count as it runs low, which every version takes."""
+    parts = version.split("-", 1)[0].split(".")[:3]
+    if len(parts) != 3 or not all(part.isdigit() for part in parts):
+        return False
+    return (int(parts[0]), int(parts[1]), int(parts[2])) >= _RDY_KEPT_SINCE
 
 
 def _check_int(name: str, value: object) -> int:
@@ -177,6 +194,11 @@ class IdentifyResponse:
     def is_youzan(self) -> bool:
         """A youzan HA nsqd, by its version (see :func:`is_youzan_version`)."""
         return is_youzan_version(self.version)
+
+    @property
+    def keeps_rdy_count(self) -> bool:
+        """This nsqd keeps a client's RDY count as sent (see :func:`keeps_rdy_count`)."""
+        return keeps_rdy_count(self.version)
 
     @classmethod
     def decode(cls, data: bytes) -> IdentifyResponse | None:

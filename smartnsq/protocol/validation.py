@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from smartnsq.errors import ValidationError
+from smartnsq.protocol._build import speedups
 
 MAX_NAME_LENGTH = 64
 MAX_MSG_SIZE = 1024 * 1024
@@ -116,6 +117,22 @@ def check_body(body: object, max_size: int = MAX_MSG_SIZE, field: str = "body") 
 _ONLY_BYTES = {bytes}
 
 
+def pure_checked_size(bodies: list[Any], max_msg_size: int) -> int:
+    """The bytes of ``bodies`` together when every one is ``bytes`` of 1..``max_msg_size``
+    bytes (and there is one at least), else -1: a batch to check body by body. The
+    reference of the compiled twin (``_speedups.checked_size``), which checks a batch
+    without a Python call per body."""
+    if not bodies or set(map(type, bodies)) != _ONLY_BYTES:
+        return -1
+    sizes = list(map(len, bodies))
+    if min(sizes) == 0 or max(sizes) > max_msg_size:
+        return -1
+    return sum(sizes)
+
+
+checked_size = pure_checked_size if speedups is None else speedups.checked_size
+
+
 def check_bodies(
     bodies: object, max_msg_size: int = MAX_MSG_SIZE, max_body_size: int = MAX_BODY_SIZE
 ) -> list[bytes]:
@@ -125,15 +142,15 @@ def check_bodies(
     out = list(bodies)
     if not out:
         raise ValidationError("bodies", "must contain at least one body")
-    sizes = list(map(len, out)) if set(map(type, out)) == _ONLY_BYTES else None
-    if sizes is None or min(sizes) == 0 or max(sizes) > max_msg_size:
+    size = checked_size(out, max_msg_size)
+    if size < 0:
         # the slow path names the first offending body
         out = [check_body(b, max_msg_size, field=f"bodies[{i}]") for i, b in enumerate(out)]
-        sizes = list(map(len, out))
+        size = sum(map(len, out))
     max_count = (max_body_size - 4) // 5
     if len(out) > max_count:
         raise ValidationError("bodies", f"{len(out)} messages, over the maximum of {max_count}")
-    total = 4 + 4 * len(out) + sum(sizes)
+    total = 4 + 4 * len(out) + size
     if total > max_body_size:
         raise ValidationError(
             "bodies", f"batch is {total} bytes on the wire, over the maximum of {max_body_size}"

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 
+from smartnsq.protocol.validation import checked_size
 from smartnsq.publishing.result import PublishResult
 
 __all__ = ["ProducerStats"]
@@ -31,20 +33,45 @@ class ProducerStats:
 
     def acknowledged(self, bodies: list[bytes], results: list[PublishResult]) -> None:
         """Count one publish nsqd acknowledged (its bodies, their results)."""
-        self.published += len(results)
+        count = len(results)
+        self.published += count
         self.publishes += 1
-        self.published_bytes += sum(map(len, bodies)) if len(bodies) > 1 else len(bodies[0])
+        self.published_bytes += len(bodies[0]) if count == 1 else _size(bodies)
         partition = results[0].partition
         per_partition = self.per_partition
-        per_partition[partition] = per_partition.get(partition, 0) + len(results)
+        per_partition[partition] = per_partition.get(partition, 0) + count
 
     def failed(self, messages: int) -> None:
         """Count one publish of ``messages`` messages that raised."""
         self.failures += 1
         self.failed_messages += messages
 
+    def merged(self, other: ProducerStats, connections: int) -> ProducerStats:
+        """These counters and ``other``'s added up (``other``'s publishes were counted
+        apart: a blocking publish's first try, in its calling thread), with ``connections``
+        more open."""
+        per_partition = dict(self.per_partition)
+        for partition, messages in other.per_partition.items():
+            per_partition[partition] = per_partition.get(partition, 0) + messages
+        return ProducerStats(
+            published=self.published + other.published,
+            publishes=self.publishes + other.publishes,
+            published_bytes=self.published_bytes + other.published_bytes,
+            retries=self.retries + other.retries,
+            failures=self.failures + other.failures,
+            failed_messages=self.failed_messages + other.failed_messages,
+            connections=self.connections + connections,
+            per_partition=per_partition,
+        )
+
     def snapshot(self, connections: int) -> ProducerStats:
         """A copy for the caller, with the open connections counted now."""
         copy = dataclasses.replace(self, connections=connections)
         copy.per_partition = dict(self.per_partition)
         return copy
+
+
+def _size(bodies: list[bytes]) -> int:
+    """The bytes of a batch's bodies together (compiled: no Python call per body)."""
+    size = checked_size(bodies, sys.maxsize)
+    return size if size >= 0 else sum(map(len, bodies))

@@ -459,8 +459,9 @@ class ClientSession(asyncio.BufferedProtocol):
     # Message frames are buffered: written once output_buffer_size bytes wait, at once when
     # the client is not ready for more (in flight >= RDY), else at the next tick of the
     # output_buffer_timeout ticker (never, with the timeout disabled). youzan flushes every
-    # message frame of an ordered channel as it is written (nsqdserver/protocol_v2.go
-    # messagePump: SendMessage's needFlush is the channel's IsOrdered): an ordered channel has
+    # message frame of an ordered channel as it is written (youzan/nsq 0.3.7-HA.1.13.0,
+    # nsqdserver/protocol_v2.go, protocolV2.messagePump: SendMessage's needFlush is the
+    # channel's IsOrdered, and internalSend flushes when it is set): an ordered channel has
     # one message in flight, so waiting for the ticker would hold each one that long.
 
     def _write(self, frame: bytes) -> None:

@@ -515,6 +515,11 @@ class Channel:
         self.requeue.extendleft(reversed(parked))
 
     def _pump_ordered(self) -> None:
+        """One message in flight, whatever the clients' RDY: youzan's channel pump stops
+        reading once it has handed out a message of an ordered channel, until that message's
+        confirmation wakes it (youzan/nsq 0.3.7-HA.1.13.0, nsqd/channel.go,
+        ``Channel.messagePump`` waiting on ``tryReadBackend``, which the FIN's
+        ``ContinueConsumeForOrder`` signals); the FIN schedules the next pump."""
         if self.in_flight:
             return
         ready = [c for c in self.clients if c.rdy > 0 and c.in_flight < c.rdy]

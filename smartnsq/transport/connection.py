@@ -36,8 +36,8 @@ from smartnsq.protocol.session_events import (
     StartTLS,
     UnsolicitedError,
 )
-from smartnsq.routing.addresses import split_host_port
 from smartnsq.transport.config import Compression, ConnectionConfig
+from smartnsq.transport.link import SessionLink
 from smartnsq.transport.reading import ReusableReadBuffer
 from smartnsq.transport.writing import FLUSH_AT, CoalescingWriter
 
@@ -49,7 +49,7 @@ M = TypeVar("M", bound=MessageFrame)
 CloseCallback = Callable[["Connection", "BaseException | None"], None]
 
 
-class Connection(ReusableReadBuffer, CoalescingWriter):
+class Connection(SessionLink, ReusableReadBuffer, CoalescingWriter):
     """A connection to one nsqd. Create, then ``await connect()``."""
 
     def __init__(
@@ -62,18 +62,16 @@ class Connection(ReusableReadBuffer, CoalescingWriter):
         on_close: CloseCallback | None = None,
         label: str = "",
     ) -> None:
-        self.address = address
-        self.host, self.port = split_host_port(address)
-        self.config = config or ConnectionConfig()
-        CoalescingWriter.__init__(self, self.config.write_timeout)
-        self.label = label or address
-        self.local_address = ""
-        self._session = self.config.session(
+        SessionLink.__init__(
+            self,
             address,
-            on_response=self._answered,
+            config or ConnectionConfig(),
             extend_support=extend_support,
             desired_tag=desired_tag,
         )
+        CoalescingWriter.__init__(self, self.config.write_timeout)
+        self.label = label or address
+        self.local_address = ""
         self._outbox = self._session.outbox
         self._on_close = on_close
         self._on_error: Callable[[ServerError], None] | None = None
@@ -93,18 +91,9 @@ class Connection(ReusableReadBuffer, CoalescingWriter):
     # ------------------------------------------------------------------ state
 
     @property
-    def is_open(self) -> bool:
-        """Handshake done, and neither closed nor failed."""
-        return self._session.accepts_requests and not self._closed
-
-    @property
     def closed(self) -> bool:
         """Closed, or failed (a fatal error, a timeout) and closing."""
         return self._closed or self._session.failure is not None
-
-    @property
-    def pending_count(self) -> int:
-        return self._session.pending_count
 
     @property
     def identify(self) -> IdentifyResponse | None:
@@ -115,12 +104,15 @@ class Connection(ReusableReadBuffer, CoalescingWriter):
         return self._session.auth
 
     @property
-    def youzan(self) -> bool:
-        return self._session.youzan
-
-    @property
     def max_rdy_count(self) -> int:
         return self._session.max_rdy_count
+
+    @property
+    def keeps_rdy_count(self) -> bool:
+        """nsqd keeps the RDY count as sent (every version since 0.2.29, youzan's too): it
+        needs no refresh as messages arrive. False before the handshake's answer."""
+        identify = self._session.identify
+        return identify is not None and identify.keeps_rdy_count
 
     @property
     def layout(self) -> MessageLayout:
@@ -147,14 +139,9 @@ class Connection(ReusableReadBuffer, CoalescingWriter):
             await asyncio.wait_for(
                 loop.create_connection(lambda: self, self.host, self.port), timeout
             )
-        except TimeoutError:
-            self._closed = True
-            raise NSQTimeoutError(
-                f"connecting to {self.address} timed out after {timeout} s"
-            ) from None
-        except OSError as exc:
-            self._closed = True
-            raise ConnectionClosedError(f"cannot connect: {exc}", self.address) from exc
+        except OSError as exc:  # TimeoutError included
+            error = self._not_connected(exc, timeout)
+            raise error from (None if isinstance(error, NSQTimeoutError) else exc)
         try:
             while await step:  # the session asks for TLS
                 step = self._step = loop.create_future()

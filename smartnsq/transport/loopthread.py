@@ -52,6 +52,7 @@ class LoopThread:
         self._stopping = False
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
+        self._ident = self._thread.ident  # read per blocking call: no property on the way
 
     @property
     def alive(self) -> bool:
@@ -62,7 +63,7 @@ class LoopThread:
         return self._stopping
 
     def in_loop_thread(self) -> bool:
-        return threading.get_ident() == self._thread.ident
+        return threading.get_ident() == self._ident
 
     def _main(self) -> None:
         loop = self.loop

@@ -56,11 +56,15 @@ class ConnectionPool:
         if slot is None:
             return None
         conns = slot.connections
-        if len(conns) < self.connections_per_key:
+        count = len(conns)
+        if count < self.connections_per_key:
             return None
-        index = slot.next % len(conns)
-        slot.next = index + 1
-        conn = conns[index]
+        if count == 1:
+            conn = conns[0]
+        else:
+            index = slot.next % count
+            slot.next = index + 1
+            conn = conns[index]
         return conn if conn.is_open else None
 
     async def get(self, address: str, topic: str, partition: int | None) -> Connection:

@@ -169,3 +169,30 @@ def test_compare_one_workload(tmp_path: Path) -> None:
     rows = summary["rows"]
     assert {row["client"] for row in rows} == {"smartnsq", "pynsq", "gnsq"}
     assert all(row["runs"] == 1 for row in rows)
+
+
+def test_compare_the_blocking_publish(tmp_path: Path) -> None:
+    """The blocking row: smartnsq.sync.Producer beside gnsq's blocking publish and the async
+    publish of the same variant, in the same round."""
+    if not _bench_env_ready():
+        pytest.skip("no bench/.env with pynsq and gnsq (bench/compare creates it)")
+    result = tmp_path / "compare.json"
+    run_harness(
+        [
+            str(BENCH_ENV_PYTHON),
+            str(BENCH / "compare.py"),
+            "--quick",
+            "--only=pub1,pub1-blocking",
+            "--clients=gnsq",
+            "--pub1=200",
+            "--warmup=50",
+            f"--json={result}",
+            *FAST,
+        ]
+    )
+    summary = json.loads(result.read_text())["summary"]
+    blocking = {
+        (r["against"], r["metric"]) for r in summary["ratios"] if r["workload"] == "pub1-blocking"
+    }
+    assert {("gnsq", "msgs/s"), ("smartnsq", "msgs/s"), ("smartnsq", "client CPU")} <= blocking
+    assert any(t["target"].startswith("blocking sequential PUB") for t in summary["targets"])

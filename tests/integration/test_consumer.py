@@ -22,6 +22,7 @@ from smartnsq.flow.retry import Backoff
 from smartnsq.producer.producer import Producer
 from smartnsq.protocol.commands import StartPosition
 from smartnsq.testing import Cluster
+from tests.integration.spy import spy_writes
 
 FAST = Backoff(initial=0.01, maximum=0.05)
 
@@ -260,6 +261,29 @@ async def test_ordered_per_partition_under_failures(cluster: Cluster) -> None:
         assert ids == log_ids  # every message once, strictly in queue order
         assert calls[partition] == sorted(calls[partition])  # retries never jump ahead
     _assert_each_finished_once(cluster, "ordered", 300)
+
+
+async def test_ordered_partitions_get_their_rdy_once(cluster: Cluster) -> None:
+    """nsqd keeps the RDY count as sent (since 0.2.29; youzan's too): an ordered partition
+    at RDY 1 (max_in_flight None) answers each message with its FIN alone, not with RDY 1
+    again (go-nsq and youzan's go-nsq do not send an unchanged count either)."""
+    seen: list[Message] = []
+
+    async def handle(message: Message) -> None:
+        seen.append(message)
+
+    async with _consumer(
+        cluster, "ordered", handler=handle, ordered=True, max_in_flight=None
+    ) as consumer:
+        subs = consumer._subscriber.subs.values()
+        await cluster.wait_for(lambda: cluster.subscriber_rdy("ordered", "c") == [1, 1, 1, 1])
+        writes = [spy_writes(sub.conn._transport) for sub in subs]
+        await _publish(cluster, "ordered", 40, keys=8)
+        await cluster.wait_for(lambda: len(seen) == 40)
+        sent = b"".join(b"".join(w) for w in writes)
+    assert sent.count(b"FIN ") == 40
+    assert b"RDY" not in sent
+    _assert_each_finished_once(cluster, "ordered", 40)
 
 
 async def test_ordered_failure_waits_client_side(cluster: Cluster) -> None:

@@ -8,6 +8,7 @@ thread outlives it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import select
 import signal
@@ -28,6 +29,7 @@ from smartnsq.consumer.message import Message as AsyncMessage
 from smartnsq.flow.retry import Backoff
 from smartnsq.producer.producer import Producer as AsyncProducer
 from smartnsq.routing.sharding import Sharder
+from smartnsq.transport import blocking as blocking_transport
 from tests.integration.threaded_cluster import ThreadedCluster
 
 FAST = Backoff(initial=0.01, maximum=0.05)
@@ -55,9 +57,32 @@ def tc() -> Iterator[ThreadedCluster]:
         yield cluster
 
 
-def _producer(tc: ThreadedCluster, **kwargs: Any) -> sync.Producer:
+@pytest.fixture(params=["here", "loop"])
+def first_try(request: pytest.FixtureRequest) -> str:
+    """Where a blocking publish makes its first try: in the calling thread, over a blocking
+    connection (the default), or on the producer's loop, as every try does with
+    auto-batching or OpenTelemetry. The retries are the loop's either way."""
+    return str(request.param)
+
+
+def _producer(tc: ThreadedCluster, first_try: str = "here", **kwargs: Any) -> sync.Producer:
     kwargs.setdefault("retry_backoff", FAST)
-    return sync.Producer(lookupd=[tc.lookupd_url], **kwargs)
+    producer = sync.Producer(lookupd=[tc.lookupd_url], **kwargs)
+    assert producer._here is not None
+    if first_try == "loop":
+        producer._here = None
+    return producer
+
+
+def _idle_connections(producer: sync.Producer) -> list[Any]:
+    """The blocking connections no thread uses now."""
+    assert producer._here is not None
+    return [conn for conns in producer._here._pool._idle.values() for conn in conns]
+
+
+def _tried_here(producer: sync.Producer) -> int:
+    """Publishes whose first try, made in their calling thread, was answered."""
+    return 0 if producer._here is None else producer._here._stats.publishes
 
 
 def _consumer(tc: ThreadedCluster, topic: str = "orders", **kwargs: Any) -> sync.Consumer:
@@ -133,9 +158,9 @@ def _start_thread(target: Callable[..., Any], name: str, *args: Any) -> threadin
 # --------------------------------------------------------------------------- producer
 
 
-def test_publish_forwards_routing_and_results(tc: ThreadedCluster) -> None:
+def test_publish_forwards_routing_and_results(tc: ThreadedCluster, first_try: str) -> None:
     before = _threads_named("smartnsq-producer-loop")
-    with _producer(tc) as producer:
+    with _producer(tc, first_try) as producer:
         assert len(_threads_named("smartnsq-producer-loop")) == len(before) + 1
         results = [producer.publish("orders", f"rr{i}") for i in range(8)]
         assert Counter(r.partition for r in results) == {0: 2, 1: 2, 2: 2, 3: 2}
@@ -151,6 +176,8 @@ def test_publish_forwards_routing_and_results(tc: ThreadedCluster) -> None:
         first = batch[0].internal_id
         assert first is not None
         assert [r.internal_id for r in batch] == [first, first + 1, first + 2]
+        # the first publish looked the topic up on the loop; the others needed nothing more
+        assert _tried_here(producer) == (12 if first_try == "here" else 0)
     assert _threads_named("smartnsq-producer-loop") == before  # close() joined it
     log = _log(tc)
     for result, body in zip(results, [f"rr{i}".encode() for i in range(8)], strict=True):
@@ -160,7 +187,7 @@ def test_publish_forwards_routing_and_results(tc: ThreadedCluster) -> None:
     assert log[1][-3:] == [b"b1", b"b2", b"b3"]
 
 
-def test_one_producer_shared_by_8_threads(tc: ThreadedCluster) -> None:
+def test_one_producer_shared_by_8_threads(tc: ThreadedCluster, first_try: str) -> None:
     """8 threads x 200 publishes through one producer: every acknowledged body is in the log
     exactly once, on the partition its result names; a thread's keyed publishes keep their
     order on their key's partition."""
@@ -170,7 +197,7 @@ def test_one_producer_shared_by_8_threads(tc: ThreadedCluster) -> None:
     lock = threading.Lock()
     barrier = threading.Barrier(threads_count)
 
-    with _producer(tc) as producer:
+    with _producer(tc, first_try) as producer:
 
         def work(index: int) -> None:
             try:
@@ -208,7 +235,7 @@ def test_one_producer_shared_by_8_threads(tc: ThreadedCluster) -> None:
         assert mine == [f"t{index}-{j}".encode() for j in range(per_thread)]
 
 
-def test_exceptions_propagate_unchanged(tc: ThreadedCluster) -> None:
+def test_exceptions_propagate_unchanged(tc: ThreadedCluster, first_try: str) -> None:
     """Each failing call raises in the calling thread what the async client raises."""
     cases: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
         (("orders", b""), {}),
@@ -234,7 +261,8 @@ def test_exceptions_propagate_unchanged(tc: ThreadedCluster) -> None:
 
     expected = tc.run(async_errors())
     assert len(expected) == len(cases)
-    with _producer(tc, max_retries=0) as producer:
+    with _producer(tc, first_try, max_retries=0) as producer:
+        producer.publish("orders", b"the layout, looked up")  # the others try from here
         for (args, kwargs), reference in zip(cases, expected, strict=True):
             with pytest.raises(Exception) as caught:
                 producer.publish(*args, **kwargs)
@@ -269,9 +297,9 @@ def test_lifecycle_close_is_idempotent_and_final(tc: ThreadedCluster) -> None:
     assert _threads_named("smartnsq-producer-loop") == []
 
 
-def test_producer_stats_and_the_trace_switch(tc: ThreadedCluster) -> None:
+def test_producer_stats_and_the_trace_switch(tc: ThreadedCluster, first_try: str) -> None:
     """The blocking producer has the async one's stats(), set_trace() and tracing()."""
-    with _producer(tc) as producer:
+    with _producer(tc, first_try) as producer:
         assert not producer.tracing("orders")
         producer.set_trace(True, "orders")
         assert producer.tracing("orders")
@@ -283,13 +311,15 @@ def test_producer_stats_and_the_trace_switch(tc: ThreadedCluster) -> None:
         stats = producer.stats()
         assert isinstance(stats, sync.ProducerStats)
         assert (stats.published, stats.per_partition) == (2, {1: 2})
+        # the first looked the topic up on the loop, the second was answered here
+        assert _tried_here(producer) == (1 if first_try == "here" else 0)
     assert producer.stats().published == 2  # also after close
 
 
-def test_close_while_other_threads_publish(tc: ThreadedCluster) -> None:
+def test_close_while_other_threads_publish(tc: ThreadedCluster, first_try: str) -> None:
     """Publishes racing close() return a result or raise ClientClosedError (refused, or
     interrupted when the pool or the loop closed under them); none hangs."""
-    producer = _producer(tc, publish_timeout=5.0)
+    producer = _producer(tc, first_try, publish_timeout=5.0)
     published = Counted()
     outcomes: dict[int, BaseException] = {}
 
@@ -348,6 +378,106 @@ def test_blocking_call_from_the_producer_loop_raises(tc: ThreadedCluster) -> Non
         with pytest.raises(RuntimeError, match="deadlock"):
             producer.publish("orders", b"x", sharding_key=1)
         assert producer.publish("orders", b"y").tries == 1
+
+
+# --------------------------------------------------------------------------- first tries here
+
+
+def _leader(tc: ThreadedCluster, partition: int, topic: str = "orders") -> int:
+    leader = tc.call(lambda: tc.cluster.leader(topic, partition))
+    assert leader is not None
+    return leader
+
+
+def test_a_connection_lost_between_publishes_is_retried_on_the_loop(
+    tc: ThreadedCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nsqd drops the connection a thread publishes on: the next first try made on it
+    fails, and the producer's loop retries it as the async producer retries a try whose
+    connection was lost; the thread's next publish opens a new one."""
+    monkeypatch.setattr(blocking_transport, "IDLE_CHECK_AFTER", math.inf)  # never looked at
+    with _producer(tc) as producer:
+        producer.publish("orders", b"lookup", partition=1)
+        assert producer.publish("orders", b"here", partition=1).tries == 1
+        tc.run(tc.cluster.drop_connections(_leader(tc, 1), consumers=False))
+        assert producer.publish("orders", b"after", partition=1).tries == 2
+        assert producer.publish("orders", b"again", partition=1).tries == 1
+        stats = producer.stats()
+        assert (stats.published, stats.retries, stats.failures) == (4, 1, 0)
+        assert _tried_here(producer) == 2
+    assert _log(tc)[1] == [b"lookup", b"here", b"after", b"again"]
+
+
+def test_an_idle_connection_closed_by_nsqd_is_replaced_before_a_try(
+    tc: ThreadedCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection idle for a while is looked at before it is used: one nsqd closed
+    meanwhile is replaced, and no try fails for it."""
+    monkeypatch.setattr(blocking_transport, "IDLE_CHECK_AFTER", 0.0)  # looked at every time
+    with _producer(tc) as producer:
+        producer.publish("orders", b"lookup", partition=1)
+        producer.publish("orders", b"here", partition=1)
+        tc.run(tc.cluster.drop_connections(_leader(tc, 1), consumers=False))
+        assert producer.publish("orders", b"after", partition=1).tries == 1
+        assert producer.stats().retries == 0
+        assert _tried_here(producer) == 2
+    assert _log(tc)[1] == [b"lookup", b"here", b"after"]
+
+
+def test_a_moved_leader_is_looked_up_on_the_loop_and_then_published_to_here(
+    tc: ThreadedCluster,
+) -> None:
+    """The layout a first try routes by is stale: the old leader refuses it
+    (E_FAILED_ON_NOT_LEADER), the loop looks the topic up again and publishes to the new
+    leader, and the next first tries route by the new layout."""
+    with _producer(tc) as producer:
+        producer.publish("orders", b"lookup", sharding_key=7)
+        partition = producer.publish("orders", b"here", sharding_key=7).partition
+        assert partition is not None
+        old = _leader(tc, partition)
+        new = next(node for node in range(3) if node != old)
+        tc.run(tc.cluster.move_leader("orders", partition, new))
+        moved = producer.publish("orders", b"moved", sharding_key=7)
+        assert (moved.partition, moved.tries) == (partition, 2)
+        assert moved.address == tc.nsqd_addresses[new]
+        after = producer.publish("orders", b"after", sharding_key=7)
+        assert (after.address, after.tries) == (moved.address, 1)
+        assert _tried_here(producer) == 2
+    assert _log(tc)[partition] == [b"lookup", b"here", b"moved", b"after"]
+
+
+def test_a_first_try_nsqd_never_answers_ends_by_the_publish_deadline(
+    tc: ThreadedCluster,
+) -> None:
+    """The leader goes silent: the first try waits for its answer until the publish's
+    deadline, no longer, and the publish fails as a sent, unanswered one."""
+    with _producer(tc, publish_timeout=0.5) as producer:
+        producer.publish("orders", b"lookup", partition=3)
+        producer.publish("orders", b"here", partition=3)
+        leader = _leader(tc, 3)
+        tc.call(tc.cluster.blackhole, leader)
+        started = time.monotonic()
+        try:
+            with pytest.raises(e.PublishError, match="timed out") as caught:
+                producer.publish("orders", b"unanswered", partition=3)
+        finally:
+            tc.call(tc.cluster.heal, leader)
+        assert 0.5 <= time.monotonic() - started < 2.0
+        assert caught.value.outcome_unknown
+        assert caught.value.tries == 1
+        assert producer.stats().failures == 1
+
+
+def test_blocking_connections_ask_for_no_heartbeats(tc: ThreadedCluster) -> None:
+    """A thread's connection may sit idle between its publishes: it asks nsqd for no
+    heartbeats, so that nsqd does not close it for saying nothing (the loop's connections
+    keep theirs)."""
+    with _producer(tc, heartbeat_interval=1.0) as producer:
+        producer.publish("orders", b"lookup", partition=0)
+        producer.publish("orders", b"here", partition=0)
+        node = tc.cluster.nodes[_leader(tc, 0)]
+        intervals = tc.call(lambda: sorted(s.peer.heartbeat_interval for s in node.sessions))
+        assert intervals == [0.0, 1.0]
 
 
 # --------------------------------------------------------------------------- consumer
@@ -693,7 +823,10 @@ def _child_report(inherited: sync.Producer, url: str) -> dict[str, Any]:
 def test_fork_safety(tc: ThreadedCluster) -> None:
     url = tc.lookupd_url
     with _producer(tc) as producer:
-        producer.publish("orders", b"from-parent")
+        producer.publish("orders", b"from-parent", partition=1)
+        producer.publish("orders", b"from-parent-here", partition=1)
+        idle_before = _idle_connections(producer)
+        assert len(idle_before) == 1
         read_end, write_end = os.pipe()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
@@ -734,6 +867,9 @@ def test_fork_safety(tc: ThreadedCluster) -> None:
         assert "create the client after fork, in the worker process" in report["error"]
         assert report["partition"] == 3
         producer.publish("orders", b"parent-still-works")
+        # the child's close() left the parent's connections alone
+        assert producer.publish("orders", b"here-still", partition=1).tries == 1
+        assert idle_before[0] in _idle_connections(producer)
     log = _log(tc)
     everything = [b for bodies in log.values() for b in bodies]
     assert b"from-child" in log[3]

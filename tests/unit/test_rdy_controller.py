@@ -96,11 +96,11 @@ class Harness:
 
     # -- events
 
-    def add(self, key: str, max_rdy_count: int = 2500) -> Updates:
+    def add(self, key: str, max_rdy_count: int = 2500, *, keeps_count: bool = False) -> Updates:
         self.caps[key] = max_rdy_count
         self.sent[key] = 0
         self.in_flight[key] = 0
-        return self.check(self.ctl.add_connection(key, max_rdy_count))
+        return self.check(self.ctl.add_connection(key, max_rdy_count, keeps_count=keeps_count))
 
     def remove(self, key: str) -> Updates:
         before = sum(self.sent.values()) - self.sent.get(key, 0)
@@ -233,6 +233,34 @@ def test_refresh_at_rdy_1_every_message_but_never_at_rdy_0() -> None:
     assert h.message("a") == [("a", 1)]
     h.set_max(0)
     assert h.messages("a", 5) == []  # late messages after RDY 0: nothing to refresh
+
+
+def test_no_refresh_to_a_server_that_keeps_the_count() -> None:
+    """nsqd since 0.2.29 (youzan's too) keeps the RDY count as sent: it is never sent again
+    as messages arrive, at RDY 1 (an ordered partition's count) or at any other."""
+    h = Harness(1)
+    assert h.add("a", keeps_count=True) == [("a", 1)]
+    assert h.messages("a", 5) == []
+    h = Harness(100)
+    assert h.add("a", keeps_count=True) == [("a", 1)]
+    assert h.message("a") == [("a", 100)]  # its share after the first message, as always
+    assert h.messages("a", 300) == []
+    assert h.sent == {"a": 100}
+
+
+def test_testing_the_waters_on_servers_that_keep_the_count() -> None:
+    """The first message after a backoff window is the probe whether or not the server
+    needs its count refreshed."""
+    policy = BackoffPolicy(multiplier=1.0, max_delay=8.0)
+    h = Harness(40, backoff=policy)
+    for key in "abcd":
+        h.add(key, keeps_count=True)
+    settled(h, *"abcd")
+    h.process("a", "failure")
+    assert h.to_deadline() == [("a", 1), ("b", 1), ("c", 1), ("d", 1)]
+    assert h.message("c") == [("a", 0), ("b", 0), ("d", 0), ("c", 1)]
+    assert h.message("c") == []  # the probe holds RDY 1: nothing to refresh
+    assert h.done("c") == [("a", 10), ("b", 10), ("c", 10), ("d", 10)]
 
 
 def test_pause_and_resume_with_set_max_in_flight() -> None:
@@ -913,10 +941,10 @@ class RdyMachine(RuleBasedStateMachine):
         self.h = Harness(max_in_flight, backoff=policy)
         self.fresh = set()
 
-    @rule(key=st.sampled_from(NAMES), cap=st.integers(1, 6))
-    def add(self, key: str, cap: int) -> None:
+    @rule(key=st.sampled_from(NAMES), cap=st.integers(1, 6), keeps_count=st.booleans())
+    def add(self, key: str, cap: int, keeps_count: bool) -> None:
         if key not in self.h.caps:
-            self.h.add(key, cap)
+            self.h.add(key, cap, keeps_count=keeps_count)
             self.fresh.add(key)
 
     @precondition(lambda self: bool(self.h.caps))

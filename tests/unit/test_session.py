@@ -23,7 +23,7 @@ from smartnsq.protocol import session_events as ev
 from smartnsq.protocol.compression import DeflateCodec, SnappyCodec
 from smartnsq.protocol.errors import error_from_frame
 from smartnsq.protocol.frames import FRAME_TYPE_ERROR, FRAME_TYPE_MESSAGE, encode_frame
-from smartnsq.protocol.identify import IdentifyRequest, IdentifyResponse
+from smartnsq.protocol.identify import IdentifyRequest, IdentifyResponse, keeps_rdy_count
 from smartnsq.protocol.message import (
     MessageFrame,
     encode_message_frame,
@@ -292,6 +292,25 @@ def test_initiate_sends_the_magic_and_identify() -> None:
     assert sent.startswith(commands.MAGIC_V2 + b"IDENTIFY\n")
     assert json.loads(sent[17:])["client_id"] == "c"
     assert session.state is State.IDENTIFYING
+
+
+@pytest.mark.parametrize(
+    ("version", "keeps"),
+    [
+        ("0.3.7-HA.1.13.0", True),  # youzan
+        ("1.3.0", True),
+        ("0.2.29", True),
+        ("0.3.8", True),
+        ("0.2.28", False),  # took one off the count per message sent
+        ("0.2.7", False),
+        ("", False),  # unknown: refreshed, which every version takes
+        ("v1.3.0", False),
+        ("1.3", False),
+    ],
+)
+def test_which_nsqd_keeps_the_rdy_count(version: str, keeps: bool) -> None:
+    assert keeps_rdy_count(version) is keeps
+    assert IdentifyResponse(version=version).keeps_rdy_count is keeps
 
 
 def test_youzan_and_classic_answers() -> None:

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from smartnsq.errors import ProtocolError, ValidationError
-from smartnsq.protocol import _build, commands, frames, message
+from smartnsq.protocol import _build, commands, frames, message, validation
 from smartnsq.protocol.frames import FrameDecoder
 from smartnsq.protocol.message import MessageFrame, MessageLayout
 
@@ -163,6 +163,23 @@ def test_fin_matches_the_reference(message_id: bytes) -> None:
     assert _outcome(speedups.fin, bytearray(message_id)) == _outcome(
         commands.pure_fin, bytearray(message_id)
     )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    bodies=st.lists(
+        st.one_of(
+            st.binary(max_size=40), st.binary(max_size=5).map(bytearray), st.text(max_size=3)
+        ),
+        max_size=20,
+    ),
+    limit=st.integers(1, 50),
+    as_tuple=st.booleans(),
+)
+def test_checked_size_matches_the_reference(bodies: list[Any], limit: int, as_tuple: bool) -> None:
+    assert validation.checked_size is speedups.checked_size
+    batch: Any = tuple(bodies) if as_tuple else bodies
+    assert speedups.checked_size(batch, limit) == validation.pure_checked_size(batch, limit)
 
 
 def test_the_mpub_frame_leaves_what_is_not_bytes_to_the_reference() -> None:
