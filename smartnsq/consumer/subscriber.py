@@ -313,26 +313,33 @@ class Subscriber:
             self.channel,
         )
 
-    async def _reconcile(self) -> None:
+    async def _reconcile(self) -> float | None:
+        """Subscribe where wanted and due; returns when the earliest subscribe put off by its
+        backoff is due (None: none is). The supervisor waits for that time itself, not for
+        what is left of it when it looks: time passes while this runs, and a retry that fell
+        due meanwhile would otherwise wait for the next 30 s tick."""
         try:
             desired = await self._desired()
         except (ValidationError, UnsupportedFeatureError) as exc:
             self.listener.fatal(exc)
-            return
+            return None
         except NSQError as exc:
             self._lookup_failed(exc)
-            return
+            return None
         if self._lookup_failing:
             self._lookup_failing = False
             log.info("%s/%s: nsqlookupd answers now", self.topic, self.channel)
         loop = self._loop
         if loop is None:
-            return
+            return None
         now = loop.time()
+        due: float | None = None
         for key in desired:
             if key in self.subs or key in self.connecting:
                 continue
-            if self._retry_at.get(key, 0.0) > now:
+            retry_at = self._retry_at.get(key, 0.0)
+            if retry_at > now:
+                due = retry_at if due is None else min(due, retry_at)
                 continue
             task = loop.create_task(self._subscribe(key), name=f"smartnsq-connect-{key[0]}")
             self.connecting[key] = task
@@ -341,6 +348,7 @@ class Subscriber:
                 # This node no longer leads the partition: stop its flow, let in-flight
                 # messages be answered, then close.
                 self._retire(sub)
+        return due
 
     async def _supervise(self) -> None:
         loop = asyncio.get_running_loop()
@@ -349,9 +357,9 @@ class Subscriber:
             return
         while self.listener.running:
             wake.clear()
-            await self._reconcile()
+            due = await self._reconcile()
             now = loop.time()
-            waits = [t - now for t in self._retry_at.values() if t > now]
+            waits = [] if due is None else [due - now]
             if self._unserved():
                 # A partition has no live subscription (its leader failed over, or is down):
                 # look up again soon, and keep looking until the lookup names its leader.

@@ -108,3 +108,39 @@ async def test_a_slow_sliced_link_delivers_everything_in_order() -> None:
             stats = consumer.stats()
         assert order == bodies
         assert (stats.reconnects, stats.server_errors, stats.order_violations) == (0, 0, 0)
+
+
+async def test_a_retry_that_falls_due_while_the_supervisor_looks_is_made_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A subscription dropped right after its SUB waits its backoff (milliseconds here). The
+    # supervisor then looks at every key; when the backoff ran out while it looked (a busy
+    # loop), the retry must still be made at once, not at the next 30 s tick. Time is made to
+    # pass during each look, so that this happens every time rather than once in a while.
+    async with Cluster(nodes=1, classic=True) as cluster:
+        loop = asyncio.get_running_loop()
+        skew = [0.0]
+        real_time = loop.time
+        monkeypatch.setattr(loop, "time", lambda: real_time() + skew[0])
+        consumer = smartnsq.Consumer(
+            "orders",
+            "billing",
+            nsqd=cluster.nsqd_addresses,
+            handler=lambda message: None,
+            reconnect_backoff=QUICK,
+        )
+        subscriber = consumer._subscriber
+        reconcile = subscriber._reconcile
+
+        async def slow_reconcile() -> float | None:
+            due = await reconcile()
+            skew[0] += 1.0  # longer than any backoff of QUICK
+            return due
+
+        monkeypatch.setattr(subscriber, "_reconcile", slow_reconcile)
+        async with consumer:
+            await cluster.wait_for(lambda: cluster.clients(0) == 1, WAIT)
+            await cluster.drop_connections(0)
+            await cluster.wait_for(lambda: consumer.stats().reconnects == 1, WAIT)
+            # Within a few reconciles, far below the supervisor's 30 s tick.
+            await cluster.wait_for(lambda: consumer.stats().connections == 1, 5.0)
