@@ -76,9 +76,8 @@ class PartitionSequence:
         last = self._last_seen.get(partition)
         if last is None or last[3] is not lane or offset != last[2] or internal_id <= last[0]:
             return False
-        done = self._finished_upto.get(partition)
-        if done is not None and offset < done[0] and timestamp <= done[1]:
-            return False  # a replay
+        if self.is_replay(partition, offset, timestamp):
+            return False
         self._last_seen[partition] = (internal_id, offset, offset + raw_size, lane)
         return True
 
