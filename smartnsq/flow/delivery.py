@@ -459,10 +459,7 @@ class DeliveryLedger(Generic[L]):
         lane.finished += 1
         command = commands.fin(message_id)
         if self.ordered:
-            lane.last = (message_id, delivery.attempts, command)
-            offset, size = delivery.offset, delivery.raw_size
-            if offset is not None and size is not None:
-                self._sequence.finished(lane.partition, offset, size, delivery.timestamp)
+            self._ordered_answer(lane, delivery, command, True)
         done = self._rdy_on_done(lane, "success")
         if done:
             return Decision(NOTHING, ((lane, command),), done)
@@ -581,10 +578,7 @@ class DeliveryLedger(Generic[L]):
         self.in_flight -= 1
         is_fin = command[0] == _FIN
         if self.ordered:
-            lane.last = (delivery.id, delivery.attempts, command)
-            offset, size = delivery.offset, delivery.raw_size
-            if is_fin and offset is not None and size is not None:
-                self._sequence.finished(lane.partition, offset, size, delivery.timestamp)
+            self._ordered_answer(lane, delivery, command, is_fin)
         counts = self.counts
         if lane.lost:
             counts.lost_answers += 1
@@ -597,6 +591,14 @@ class DeliveryLedger(Generic[L]):
         else:
             counts.requeued += 1
         return (lane, command)
+
+    def _ordered_answer(self, lane: L, delivery: Delivery, command: bytes, is_fin: bool) -> None:
+        """An ordered lane's answer: kept as its last (a copy of that delivery gets it again),
+        and a FIN moves the partition's finished position on."""
+        lane.last = (delivery.id, delivery.attempts, command)
+        offset, size = delivery.offset, delivery.raw_size
+        if is_fin and offset is not None and size is not None:
+            self._sequence.finished(lane.partition, offset, size, delivery.timestamp)
 
     def _settle(self, delivery: Delivery, command: bytes, outcome: Outcome) -> Answer[L]:
         """``command`` answers ``delivery``: the bytes alone when sending them on its lane is
