@@ -51,7 +51,7 @@ from smartnsq.consumer.consumer import Consumer as AsyncConsumer
 from smartnsq.consumer.consumer import ConsumerStats, is_coroutine_function
 from smartnsq.consumer.message import Message as AsyncMessage
 from smartnsq.errors import ClientClosedError, NSQTimeoutError
-from smartnsq.producer.blocking import BlockingPublisher, Handover
+from smartnsq.producer.blocking import BlockingPublisher
 from smartnsq.producer.producer import Producer as AsyncProducer
 from smartnsq.producer.producer import ProducerStats
 from smartnsq.publishing.result import PublishResult
@@ -239,12 +239,21 @@ class Producer(_Client):
     @_same_arguments(AsyncProducer.__init__)
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._start_loop("smartnsq-producer-loop")
-        producer = self._producer = self._build(lambda: AsyncProducer(*args, **kwargs))
+        producer = self._producer = self._build(lambda: _bound(AsyncProducer(*args, **kwargs)))
         config = producer.options.connection_config
         # A publish may connect and look up before its own time limit starts to count.
         self._overhead = 2 * config.connect_timeout + config.request_timeout + _GRACE
-        # Publishes make their first try in the calling thread when they can.
-        self._here = BlockingPublisher(producer) if BlockingPublisher.serves(producer) else None
+        # Publishes make their first try in the calling thread when they can: not when they
+        # are auto-batched (the batches are the loop's) or traced with OpenTelemetry (their
+        # spans are); a keyed one not when a sharding callable of the user's routes it (it
+        # runs on the loop).
+        options = producer.options
+        self._here = (
+            BlockingPublisher(producer.sender, config)
+            if options.linger is None and not producer.instrumented
+            else None
+        )
+        self._shards_here = isinstance(options.sharder.strategy, str)
 
     def start(self) -> Producer:
         """Return once publishing can succeed (see :meth:`smartnsq.Producer.start`)."""
@@ -264,13 +273,11 @@ class Producer(_Client):
             here is not None
             and len(args) == 2
             and kwargs.keys() <= _PUBLISH_KEYWORDS
-            and (here.shards_here or kwargs.get("sharding_key") is None)
+            and (self._shards_here or kwargs.get("sharding_key") is None)
         ):
-            # Checked and tried in this thread; the loop goes on with what that try did not
-            # end (see smartnsq.producer.blocking).
             producer = self._producer
             option = kwargs.get
-            request, timeout = producer._request(
+            request, timeout = producer.arguments.message(
                 *args,
                 option("partition"),
                 option("sharding_key"),
@@ -279,12 +286,7 @@ class Producer(_Client):
                 option("delay"),
                 option("timeout"),
             )
-            outcome = here.publish(request, timeout)
-            if not isinstance(outcome, Handover):
-                return outcome[0]
-            tries, failure, remaining = outcome
-            carried_on = producer._run(request, remaining, tries, failure)
-            return self._runner.run(carried_on, remaining + self._overhead, "publish()")[0]
+            return here.publish(request, timeout)[0]
         bound = self._bound(kwargs.get("timeout"))
         return self._runner.run(self._producer.publish(*args, **kwargs), bound, "publish()")
 
@@ -301,7 +303,9 @@ class Producer(_Client):
         """A snapshot of the counters (see :meth:`smartnsq.Producer.stats`; also after close)."""
         snapshot = self._read(self._producer.stats, "stats()")
         here = self._here
-        return snapshot if here is None else here.stats(snapshot)
+        if here is not None:
+            snapshot.connections += here.open_connections()
+        return snapshot
 
     def set_trace(self, enabled: bool, topic: str | None = None) -> None:
         """Turn message tracing on or off (see :meth:`smartnsq.Producer.set_trace`)."""
@@ -350,6 +354,13 @@ class Producer(_Client):
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _bound(producer: AsyncProducer) -> AsyncProducer:
+    """A producer made on its loop thread, its sender bound to that loop: publishes made in
+    the callers' threads hand what they cannot end to it."""
+    producer.sender.bind(asyncio.get_running_loop())
+    return producer
 
 
 # --------------------------------------------------------------------------- consumer

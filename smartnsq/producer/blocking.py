@@ -1,139 +1,177 @@
-"""A blocking publish's first try, made by the calling thread: ``smartnsq.sync.Producer``
-publishes without a hop to its loop thread and back when it can.
+"""The blocking driver of a producer's publish flow: ``smartnsq.sync.Producer`` publishes
+from its callers' threads without a hop to its loop thread and back when it can.
 
-The try is the async producer's (:meth:`Producer._try <smartnsq.producer.producer.Producer>`)
-with its waits satisfied here: the route from the producer's router in the layout its
-lookup manager has cached, the bytes from its codec, and nsqd's answer read over a
+The flow (:class:`~smartnsq.publishing.flow.PublishFlow`) is the asyncio producer's: a
+publish is submitted to it from the calling thread (holding the Sender's lock), in call
+order with every other publish of its partition. When its partition's lane is idle the flow
+lets the calling thread carry the try (``steps.here``): over a
 :class:`~smartnsq.transport.blocking.BlockingConnection` (the same protocol session as the
 loop's connections, over a plain socket) taken from a pool that keeps one per thread
-publishing to a destination at once. Whatever is not the plain success of that try (no
-cached layout, a connection that cannot be made, an error frame, a lost connection, the
-deadline) hands the publish over to the producer's loop (:class:`Handover`): there it goes
-on as the async publish does after its first try failed (``Producer._run``), with its retries,
-lookups and failover, by the same deadline. So there is one implementation of the protocol,
-the routing and the retries; this module only carries out one try in another thread.
-
-What the calling thread touches of the async producer is safe there: the cached layouts
-(immutable values, read), the router (its round-robin counter is an ``itertools.count``,
-whose ``next`` is atomic, and its tables a cache), the codec (caches of immutable values)
-and the trace switch (read). Its own counters are under a lock, and added to the producer's
-in ``stats()``.
+publishing to a destination at once. Everything else (a lane with publishes before it, no
+layout cached, a retry, a lookup, the deadline) is the loop's: the steps are handed to the
+Sender (:meth:`~smartnsq.producer.sender.Sender.act_soon`) and the thread waits for the
+publish's waiter. One implementation of the decisions; this module only moves one try's
+bytes in another thread.
 """
 
 from __future__ import annotations
 
-import threading
+import concurrent.futures
 import time
-from typing import NamedTuple
 
-from smartnsq.client.tracelog import log_publish
-from smartnsq.errors import NSQError, NSQTimeoutError
-from smartnsq.producer.producer import Producer
+from smartnsq.errors import ConnectionClosedError, NSQError, NSQTimeoutError, ServerError
+from smartnsq.producer.sender import Sender
+from smartnsq.publishing.flow import Publish, Steps
 from smartnsq.publishing.request import PublishRequest
 from smartnsq.publishing.result import PublishResult
-from smartnsq.publishing.stats import ProducerStats
-from smartnsq.publishing.tries import PublishTries
-from smartnsq.transport.blocking import BlockingPool
+from smartnsq.transport.blocking import BlockingConnection, BlockingPool
+from smartnsq.transport.config import ConnectionConfig
 
-__all__ = ["BlockingPublisher", "Handover"]
+__all__ = ["HERE", "BlockingPublisher"]
 
-
-class Handover(NamedTuple):
-    """A blocking publish that the producer's loop goes on with, within ``remaining``
-    seconds: from its start (``tries`` None: no try was made, for want of a cached layout),
-    or from the retries of the try in ``tries``, which failed with ``failure``."""
-
-    tries: PublishTries | None
-    failure: BaseException | None
-    remaining: float
+#: The link of a try carried by its calling thread, as the flow sees it: one at a time per
+#: lane, so one name serves every thread.
+HERE = object()
+# How long past its deadline a thread waits for the loop to end a publish (the loop's timer
+# ends it at the deadline; this only bounds a loop that stopped).
+_GRACE = 5.0
 
 
 class BlockingPublisher:
-    """The first tries of a producer's blocking publishes, in their calling threads."""
+    """The tries of a producer's blocking publishes made in their calling threads, and the
+    waits for those the loop carries on."""
 
-    def __init__(self, producer: Producer) -> None:
-        self._lookup = producer._lookup
-        self._route_in = producer._route_in
-        self._encode = producer._encode
-        self._results = producer._results
-        self._publish_timeout = producer.options.publish_timeout
-        self._pool = BlockingPool(producer.options.connection_config)
-        self._lock = threading.Lock()
-        self._stats = ProducerStats()
-        #: A sharding key may be routed here: the sharder is no callable of the user's,
-        #: which runs on the producer's loop.
-        self.shards_here = isinstance(producer.options.sharder.strategy, str)
+    def __init__(self, sender: Sender, config: ConnectionConfig) -> None:
+        self._sender = sender
+        self._flow = sender.flow
+        self._lock = sender.lock
+        self._pool = BlockingPool(config)
+        #: Publishes answered in their calling threads (their first try, made there).
+        self.answered_here = 0
 
-    @staticmethod
-    def serves(producer: Producer) -> bool:
-        """Whether the publishes of ``producer`` may make their first try in their calling
-        thread: not when they are auto-batched (the batches are the loop's) or traced with
-        OpenTelemetry (their spans are)."""
-        return producer._batcher is None and not producer._telemetry.enabled
-
-    def publish(
-        self, request: PublishRequest, timeout: float | None
-    ) -> list[PublishResult] | Handover:
-        """The first try of ``request`` (checked by ``Producer._request``), within ``timeout``
-        (None: ``publish_timeout``): its results, or the publish handed over."""
+    def publish(self, request: PublishRequest, timeout: float | None) -> list[PublishResult]:
+        """Publish ``request`` (checked already) within ``timeout`` (None:
+        ``publish_timeout``): its results, or its error raised."""
         now = time.monotonic()
-        remaining = self._publish_timeout if timeout is None else timeout
-        deadline = now + remaining
-        layout = None
-        lookup = self._lookup
-        if lookup is not None:
-            layout = lookup.cached(request.topic, "w")
-            if layout is None:
-                return Handover(None, None, remaining)
-        tries = PublishTries()
-        conn = None
-        command = ""
-        try:
-            route = self._route_in(request, tries, layout)
-            key = (route.address, route.pool_topic, route.partition)
-            pool = self._pool
-            conn = pool.take(key, now) or pool.connect(key, deadline)
-            try:
-                command, data = self._encode(
-                    request, tries, route, route.youzan or conn.youzan, deadline - now
-                )
-                try:
-                    frame = conn.request(data, command, deadline, now)
-                finally:
-                    tries.sent = conn.written
-            finally:
-                pool.give_back(key, conn)
-            results = self._results(request, route, frame, 1, tries.trace_ids)
-        except NSQError as exc:
-            return Handover(tries, exc, deadline - time.monotonic())
-        except TimeoutError:
-            # The publish's deadline ended a wait: said as the loop's try says it.
-            address = tries.route.address
-            if tries.sent:
-                what = f"{command} to {address}: the publish ran out of time"
-            else:
-                waited = (
-                    f"a connection to {address}"
-                    if conn is None
-                    else f"{address} to read what was sent before"
-                )
-                what = f"the publish ran out of time waiting for {waited} (try 1)"
-            return Handover(tries, NSQTimeoutError(what), deadline - time.monotonic())
-        except Exception as exc:  # noqa: BLE001 - the loop's _run raises and counts it
-            return Handover(tries, exc, deadline - time.monotonic())
+        deadline = now + (self._sender.publish_timeout if timeout is None else timeout)
         with self._lock:
-            self._stats.acknowledged(request.bodies, results)
-        if results[0].internal_id is not None:
-            for result in results:
-                log_publish(result)
-        return results
+            p, steps = self._flow.submit(request, now, deadline, None, None, via=HERE)
+            if steps.here is not p and not p.done:
+                p.waiter = _Waiter()  # the loop ends it
+        if steps.here is p:
+            steps.here = None
+            self._hand_over(steps)
+            results = self._try_here(p, deadline)
+            if results is not None:
+                return results
+        else:
+            self._hand_over(steps)
+        return _outcome(p, deadline)
 
-    def stats(self, loop_stats: ProducerStats) -> ProducerStats:
-        """The producer's counters (a snapshot, ``loop_stats``) with this thread's."""
+    def _try_here(self, p: Publish, deadline: float) -> list[PublishResult] | None:
+        """``p``'s try over this thread's connection: its results, or None when the loop
+        carries it on or it ended (:func:`_outcome` says how)."""
+        route = p.route
+        if route is None:  # pragma: no cover - set by submit
+            raise ConnectionClosedError("the publish was not routed")
+        key = (route.address, route.pool_topic, route.partition)
+        pool = self._pool
+        now = time.monotonic()
+        conn: BlockingConnection | None = None
+        try:
+            conn = pool.take(key, now) or pool.connect(key, deadline)
+        except (NSQError, TimeoutError) as exc:
+            self._ended(p, "lost", _typed(exc, "a connection to " + route.address), False)
+            return None
+        try:
+            try:
+                with self._lock:
+                    command, data = self._flow.encode_here(p, conn.youzan)
+            except NSQError as exc:  # what its server cannot take: refused before sending
+                self._ended(p, "unsent", exc, False)
+                return None
+            try:
+                frame = conn.request(data, command, deadline, now)
+            except ServerError as exc:
+                self._ended(p, "refused", exc, False)
+                return None
+            except (NSQError, TimeoutError) as exc:
+                written = conn.written
+                if conn.is_open:
+                    conn.close()  # its answer can no longer be told from the next one's
+                self._ended(p, "lost", _typed(exc, f"{command} to {route.address}"), written)
+                return None
+            except BaseException:
+                # Cut short (Ctrl-C): the try may be in the socket; its caller is gone.
+                if conn.is_open:
+                    conn.close()
+                error = ConnectionClosedError("interrupted", route.address)
+                with self._lock:
+                    steps = self._flow.lost(p, error, time.monotonic(), pump=False)
+                    more = self._flow.cancel(p, time.monotonic())
+                self._hand_over(steps)
+                self._hand_over(more)
+                raise
+        finally:
+            pool.give_back(key, conn)
         with self._lock:
-            return loop_stats.merged(self._stats, self._pool.open_connections())
+            steps = self._flow.answered(p, frame, time.monotonic(), pump=False)
+            self.answered_here += 1
+        if p in steps.done:
+            steps.done.remove(p)  # answered here
+        self._hand_over(steps)
+        return p.results
+
+    def _ended(self, p: Publish, how: str, error: NSQError, written: bool) -> None:
+        """``p``'s try here ended without results (``how``: lost, refused, or not sent):
+        the flow decides what follows, which the loop carries out."""
+        flow = self._flow
+        now = time.monotonic()
+        with self._lock:
+            p.waiter = _Waiter()
+            if how == "lost":
+                steps = flow.lost(p, error, now, written=written, pump=False)
+            elif how == "refused":
+                steps = flow.refused(p, error, now, pump=False)
+            else:
+                steps = flow.unsent(p, error, now, pump=False)
+        self._hand_over(steps)
+
+    def _hand_over(self, steps: Steps) -> None:
+        """What the flow decided for the loop, carried out there."""
+        if steps or self._flow.wake_changed:
+            steps.more = True
+            self._sender.act_soon(steps)
+
+    def open_connections(self) -> int:
+        return self._pool.open_connections()
 
     def close(self) -> None:
-        """Close the connections: those in use end their tries (handed over, they fail as
-        the producer is closed)."""
+        """Close the connections: those in use end their tries (the loop carries those
+        publishes on, and fails them as the producer closes)."""
         self._pool.close()
+
+
+class _Waiter(concurrent.futures.Future[list[PublishResult]]):
+    """A blocking publish's waiter, ended by the loop (thread-safe)."""
+
+
+def _outcome(p: Publish, deadline: float) -> list[PublishResult]:
+    """``p``'s results, or its error raised, once the loop (or the flow, at once) ended
+    it; waiting past its deadline only if the loop is late."""
+    if p.done or p.error is not None:
+        if p.error is not None:
+            raise p.error
+        return p.results  # type: ignore[return-value]
+    waiter = p.waiter
+    if waiter is None:  # pragma: no cover - set whenever the loop carries a publish on
+        raise ConnectionClosedError("the publish was handed over without a waiter")
+    return waiter.result(max(0.0, deadline - time.monotonic()) + _GRACE)  # type: ignore[no-any-return]
+
+
+def _typed(exc: BaseException, what: str) -> NSQError:
+    """A try's failure as the flow takes it: a deadline's ``TimeoutError`` as the
+    retriable :class:`NSQTimeoutError`."""
+    if isinstance(exc, NSQError):
+        return exc
+    return NSQTimeoutError(f"{what}: the publish ran out of time")

@@ -11,9 +11,10 @@ from smartnsq.errors import ValidationError
 from smartnsq.flow.backoff import check_seconds
 from smartnsq.flow.retry import Backoff
 from smartnsq.protocol.validation import MAX_BODY_SIZE, MAX_MSG_SIZE
+from smartnsq.publishing.arguments import check_publish_timeout
 from smartnsq.routing.sharding import Sharder, ShardingStrategy
 
-__all__ = ["DEFAULT_PUBLISH_TIMEOUT", "ProducerOptions"]
+__all__ = ["DEFAULT_PUBLISH_TIMEOUT", "ProducerOptions", "check_publish_timeout"]
 
 #: The default ``publish_timeout``: longer than every failover measured on real youzan nsq
 #: (docs/guides/durable-channels.md), the slowest being about 112 s, as Kafka's producer
@@ -38,6 +39,7 @@ class ProducerOptions(ClientOptions):
     max_body_size: int = MAX_BODY_SIZE
     trace: bool = False
     trace_key_hash: bool = False
+    stamps: bool = True
     linger: float | None = None
     max_batch: int = 100
     # derived: the sharding strategy, ready
@@ -54,6 +56,9 @@ class ProducerOptions(ClientOptions):
             )
         if self.retry_backoff is not None and not isinstance(self.retry_backoff, Backoff):
             raise ValidationError("retry_backoff", "must be a Backoff, or None (the default)")
+        per_partition = self.connections_per_partition
+        if type(per_partition) is not int or per_partition < 1:
+            raise ValidationError("connections_per_partition", "must be an int >= 1")
         set_derived(self, "sharder", Sharder(self.sharding))
         check_seconds("request_timeout", self.request_timeout, positive=True)
         super().__post_init__()
@@ -63,6 +68,7 @@ class ProducerOptions(ClientOptions):
                 raise ValidationError(name, f"must be an int >= 1 (bytes), got {size!r}")
         check_flag("trace", self.trace)
         check_flag("trace_key_hash", self.trace_key_hash)
+        check_flag("stamps", self.stamps)
         if self.linger is not None:
             check_seconds("linger", self.linger, positive=False)
         if type(self.max_batch) is not int or self.max_batch < 1:
@@ -75,10 +81,3 @@ class ProducerOptions(ClientOptions):
 
     def _connection_specific(self) -> dict[str, Any]:
         return {"request_timeout": self.request_timeout}
-
-
-def check_publish_timeout(name: str, value: object) -> float:
-    """A publish's bound, in seconds: a number > 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValidationError(name, "must be > 0 seconds")
-    return float(value)

@@ -60,6 +60,8 @@ __all__ = [
     "nop",
     "pub",
     "pub_ext",
+    "pub_ext_head",
+    "pub_ext_with_head",
     "pub_head",
     "pub_trace",
     "pub_with_head",
@@ -445,8 +447,18 @@ def pub_ext(
     and takes any other JSON value; both are refused here before sending).
     """
     data = check_body(body, max_msg_size)
-    element = _ext_element(ext, data)
-    head = b"PUB_EXT " + check_topic(topic).encode() + _partition_suffix(partition)
+    return pub_ext_with_head(pub_ext_head(topic, partition), data, encode_ext(ext))
+
+
+def pub_ext_head(topic: str, partition: int | None = None) -> bytes:
+    """``PUB_EXT <topic>[ <partition>]\n``, validated, for :func:`pub_ext_with_head`."""
+    return b"PUB_EXT " + check_topic(topic).encode() + _partition_suffix(partition)
+
+
+def pub_ext_with_head(head: bytes, body: bytes, raw_ext: bytes) -> bytes:
+    """A PUB_EXT from :func:`pub_ext_head`, a body checked by ``check_body`` and an ext
+    header already encoded (JSON text): the frame as :func:`pub_ext` makes it."""
+    element = _raw_ext_element(raw_ext, body)
     return b"".join((head, _pack_u32(len(element)), element))
 
 

@@ -1,9 +1,9 @@
 """What a publish asks for (a message or an MPUB batch), as a value, and the checks and
 conversions of the arguments that make one.
 
-A :class:`PublishRequest` never changes once made: the router, the codec and the retry loop
-each return what they decide about it (a route, the bytes to send, the state of the tries in
-:class:`~smartnsq.publishing.tries.PublishTries`) and leave it as it was asked.
+A :class:`PublishRequest` never changes once made: the router, the codec and the publish flow
+each return what they decide about it (a route, the bytes to send, the state of its tries in
+:class:`~smartnsq.publishing.flow.Publish`) and leave it as it was asked.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, NamedTuple
 
 from smartnsq.errors import UnsupportedFeatureError, ValidationError
 from smartnsq.protocol.validation import MAX_DPUB_DELAY_MS, check_trace_id, encode_ext
@@ -25,26 +25,14 @@ __all__ = [
     "ext_with_trace_id",
     "message_request",
     "new_trace_ids",
+    "plain_request",
 ]
 
 # No sharding key was given (None cannot say so: it is refused as a key, not ignored).
 NO_KEY: Any = object()
 
-_FIELDS = (
-    "topic",
-    "command",
-    "bodies",
-    "partition",
-    "key",
-    "trace_ids",
-    "exts",
-    "delay_ms",
-    "auto_trace",
-    "address",
-)
 
-
-class PublishRequest:
+class PublishRequest(NamedTuple):
     """One publish as it was asked: the topic, the bodies (one for PUB, PUB_TRACE, PUB_EXT
     and DPUB; a batch for the MPUB commands), the command, where it must go (an explicit
     ``partition``, a sharding ``key``, or the ``address`` of the classic nsqd a batch was
@@ -52,52 +40,21 @@ class PublishRequest:
     ``auto_trace``: traced by the producer's trace switch, not by the caller (classic nsqd
     has no tracing, so such a publish goes there untraced).
 
-    A value: its attributes are ``Final`` (mypy refuses any assignment outside
-    ``__init__``), its lists are never modified, and two requests with the same fields are
-    equal. Not a frozen dataclass nor a named tuple: one is made per publish, and those cost
-    a tenth of a publish's own work (a frozen dataclass sets each field through
-    ``object.__setattr__``; a named tuple is built by a Python ``__new__``).
+    A value, immutable at run time (a named tuple: assigning a field raises), its lists
+    never modified. The hot path makes one with :func:`new_request`, which skips the named
+    tuple's Python ``__new__`` (a tenth of a publish's own work).
     """
 
-    __slots__ = _FIELDS
-
-    def __init__(
-        self,
-        topic: str,
-        command: str,
-        bodies: list[bytes],
-        partition: int | None = None,
-        key: Any = NO_KEY,
-        trace_ids: list[int] | None = None,
-        exts: list[bytes | None] | None = None,
-        delay_ms: int | None = None,
-        auto_trace: bool = False,
-        address: str | None = None,
-    ) -> None:
-        self.topic: Final = topic
-        self.command: Final = command
-        self.bodies: Final = bodies
-        self.partition: Final = partition
-        self.key: Final = key
-        self.trace_ids: Final = trace_ids
-        self.exts: Final = exts
-        self.delay_ms: Final = delay_ms
-        self.auto_trace: Final = auto_trace
-        self.address: Final = address
-
-    def _values(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, name) for name in _FIELDS)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, PublishRequest):
-            return NotImplemented
-        return self._values() == other._values()
-
-    __hash__ = None  # type: ignore[assignment]  # its lists make it unhashable
-
-    def __repr__(self) -> str:
-        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in _FIELDS)
-        return f"PublishRequest({shown})"
+    topic: str
+    command: str
+    bodies: list[bytes]
+    partition: int | None = None
+    key: Any = NO_KEY
+    trace_ids: list[int] | None = None
+    exts: list[bytes | None] | None = None
+    delay_ms: int | None = None
+    auto_trace: bool = False
+    address: str | None = None
 
     @property
     def batch(self) -> bool:
@@ -107,6 +64,18 @@ class PublishRequest:
     def movable(self) -> bool:
         """Neither a partition nor a key binds it: any writable partition will do."""
         return self.partition is None and self.key is NO_KEY
+
+
+_tuple_new = tuple.__new__
+
+
+def plain_request(
+    topic: str, body: bytes, partition: int | None = None, key: Any = NO_KEY
+) -> PublishRequest:
+    """The request of a plain PUB (the hot path): built by tuple's own ``__new__``."""
+    return _tuple_new(
+        PublishRequest, (topic, "PUB", [body], partition, key, None, None, None, False, None)
+    )
 
 
 def message_request(

@@ -20,6 +20,7 @@ from smartnsq.protocol.validation import MAX_BODY_SIZE, MAX_MSG_SIZE
 from smartnsq.publishing.request import PublishRequest
 from smartnsq.publishing.result import PublishResult
 from smartnsq.publishing.routes import Route
+from smartnsq.publishing.stamps import Stamp, stamped_header
 
 __all__ = ["DISK_OVERHEAD", "Inject", "PublishCodec"]
 
@@ -33,6 +34,8 @@ _CACHE_LIMIT = 4096
 Inject = Callable[[MutableMapping[str, Any], Any], None]
 
 _SINGLE = ("PUB", "PUB_TRACE", "PUB_EXT")
+_EXT_HEADS = "PUB_EXT"
+_MPUB_EXT_HEADS = "MPUB_EXT"
 
 
 class PublishCodec:
@@ -43,7 +46,14 @@ class PublishCodec:
     without it spans do not travel.
     """
 
-    __slots__ = ("_inject", "_ok_results", "_pub_heads", "max_body_size", "max_msg_size")
+    __slots__ = (
+        "_ext_heads",
+        "_inject",
+        "_ok_results",
+        "_pub_heads",
+        "max_body_size",
+        "max_msg_size",
+    )
 
     def __init__(
         self,
@@ -56,6 +66,7 @@ class PublishCodec:
         self.max_body_size = max_body_size
         self._inject = inject
         self._pub_heads: dict[tuple[str, int | None], bytes] = {}
+        self._ext_heads: dict[tuple[str, str, int | None], bytes] = {}
         self._ok_results: dict[tuple[str, int | None, str], PublishResult] = {}
 
     # ------------------------------------------------------------------ what the server takes
@@ -91,29 +102,33 @@ class PublishCodec:
     # ------------------------------------------------------------------ requests
 
     def prepare(
-        self, request: PublishRequest, route: Route, youzan: bool, span: Any = None
+        self,
+        request: PublishRequest,
+        route: Route,
+        youzan: bool,
+        span: Any = None,
+        stamp: Stamp | None = None,
     ) -> tuple[str, bytes, list[int] | None]:
         """One try of ``request`` on ``route`` (``youzan``: its server is a youzan nsqd): the
         command, its bytes and the trace ids they carry (see :meth:`fit`). On ext topics, a
         recording ``span`` travels in the ext header (W3C traceparent): the message goes as
-        PUB_EXT."""
-        if request.command == "PUB" and span is None and (youzan or request.partition is None):
+        PUB_EXT; so does a ``stamp`` (:mod:`smartnsq.publishing.stamps`; the first message's,
+        an MPUB's others take the numbers after it), unless it would make a message too big."""
+        if (
+            stamp is None
+            and request.command == "PUB"
+            and span is None
+            and (youzan or request.partition is None)
+        ):
             # The common case, which every server takes: nothing to fit, the head cached.
             return "PUB", self._pub(request.topic, route.partition, request.bodies[0]), None
         command, trace_ids = self.fit(request, route, youzan)
-        if (
-            span is not None
-            and route.ext_topic
-            and self._inject is not None
-            and command in _SINGLE
-            and span.is_recording()
-        ):
-            header: dict[str, Any] = {}
-            if request.exts is not None and request.exts[0]:
-                header.update(json.loads(request.exts[0]))
-            self._inject(header, span)
-            if trace_ids is not None:
-                header["##trace_id"] = str(trace_ids[0])
+        if stamp is not None and youzan and route.ext_topic:
+            stamped = self._stamped(request, route, command, trace_ids, span, stamp)
+            if stamped is not None:
+                return stamped
+        header = self._span_header(request, route, command, trace_ids, span)
+        if header is not None:
             data = commands.pub_ext(
                 request.topic,
                 request.bodies[0],
@@ -123,6 +138,86 @@ class PublishCodec:
             )
             return "PUB_EXT", data, trace_ids
         return command, self.encode(request, route.partition, command, trace_ids), trace_ids
+
+    def _span_header(
+        self,
+        request: PublishRequest,
+        route: Route,
+        command: str,
+        trace_ids: list[int] | None,
+        span: Any,
+    ) -> dict[str, Any] | None:
+        """The ext header of a single message that carries a recording ``span`` (its own
+        header, the trace context and its trace id), or None when it carries none."""
+        if (
+            span is None
+            or not route.ext_topic
+            or self._inject is None
+            or command not in _SINGLE
+            or not span.is_recording()
+        ):
+            return None
+        header: dict[str, Any] = {}
+        if request.exts is not None and request.exts[0]:
+            header.update(json.loads(request.exts[0]))
+        self._inject(header, span)
+        if trace_ids is not None:
+            header["##trace_id"] = str(trace_ids[0])
+        return header
+
+    def _stamped(
+        self,
+        request: PublishRequest,
+        route: Route,
+        command: str,
+        trace_ids: list[int] | None,
+        span: Any,
+        stamp: Stamp,
+    ) -> tuple[str, bytes, list[int] | None] | None:
+        """The try with its stamp in the ext header of each message: PUB_EXT for a single
+        message (a trace id goes in the header: nsqd answers with the receipt), MPUB_EXT for
+        a batch; None where a stamp does not fit (an MPUB_TRACE, whose receipts need the
+        command; a message the header would take past ``max_msg_size``)."""
+        producer, seq, floor = stamp
+        bodies = request.bodies
+        if command in _SINGLE:
+            header = self._span_header(request, route, command, trace_ids, span)
+            if header is not None:
+                raw: bytes | None = json.dumps(header, separators=(",", ":")).encode()
+            elif trace_ids is not None:
+                raw = b'{"##trace_id":"%d"}' % trace_ids[0]
+            else:
+                raw = request.exts[0] if request.exts is not None else None
+            raw = stamped_header(raw, producer, seq, floor)
+            body = bodies[0]
+            if 2 + len(raw) + len(body) > self.max_msg_size:
+                return None
+            data = commands.pub_ext_with_head(self._head(_EXT_HEADS, route), body, raw)
+            return "PUB_EXT", data, trace_ids
+        if command not in ("MPUB", "MPUB_EXT"):
+            return None
+        exts = request.exts if request.exts is not None else [None] * len(bodies)
+        raws = [stamped_header(ext, producer, seq + i, floor) for i, ext in enumerate(exts)]
+        limit = self.max_msg_size - 2
+        if any(len(r) + len(b) > limit for r, b in zip(raws, bodies, strict=True)):
+            return None
+        head = self._head(_MPUB_EXT_HEADS, route)
+        try:
+            data = commands.mpub_ext_with_head(head, bodies, raws, self.max_body_size)
+        except ValidationError:
+            return None  # the headers take the batch past max_body_size
+        return "MPUB_EXT", data, None
+
+    def _head(self, kind: str, route: Route) -> bytes:
+        """The cached head of a PUB_EXT or MPUB_EXT to ``route``'s (topic, partition)."""
+        key = (kind, route.pool_topic, route.partition)
+        head = self._ext_heads.get(key)
+        if head is None:
+            make = commands.pub_ext_head if kind == _EXT_HEADS else commands.mpub_ext_head
+            head = make(route.pool_topic, route.partition)
+            if len(self._ext_heads) < _CACHE_LIMIT:
+                self._ext_heads[key] = head
+        return head
 
     def _pub(self, topic: str, partition: int | None, body: bytes) -> bytes:
         # the body was checked by publish(); the head is the same for every PUB here

@@ -20,7 +20,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from smartnsq.errors import ConnectionClosedError, NSQError, NSQTimeoutError, ServerError
 from smartnsq.protocol.identify import IdentifyResponse
@@ -41,12 +41,26 @@ from smartnsq.transport.link import SessionLink
 from smartnsq.transport.reading import ReusableReadBuffer
 from smartnsq.transport.writing import FLUSH_AT, CoalescingWriter
 
-__all__ = ["FLUSH_AT", "Compression", "Connection", "ConnectionConfig"]
+__all__ = ["FLUSH_AT", "Compression", "Connection", "ConnectionConfig", "Receiver"]
 
 log = logging.getLogger("smartnsq.connection")
 
 M = TypeVar("M", bound=MessageFrame)
 CloseCallback = Callable[["Connection", "BaseException | None"], None]
+_NO_TARGET: Any = object()
+
+
+class Receiver(Protocol):
+    """Where the answers to :meth:`Connection.request_for` go: the driver of a producer's
+    publish flow, told about each request's target with no future per request."""
+
+    def answered(self, target: Any, data: bytes) -> None: ...
+
+    def failed(self, target: Any, error: BaseException) -> None: ...
+
+    def paused(self, conn: Connection) -> None: ...
+
+    def resumed(self, conn: Connection) -> None: ...
 
 
 class Connection(SessionLink, ReusableReadBuffer, CoalescingWriter):
@@ -76,6 +90,8 @@ class Connection(SessionLink, ReusableReadBuffer, CoalescingWriter):
         self._on_close = on_close
         self._on_error: Callable[[ServerError], None] | None = None
         self._futures: dict[int, asyncio.Future[bytes]] = {}  # request waiters by token
+        self._targets: dict[int, Any] = {}  # request_for's targets by token
+        self.receiver: Receiver | None = None
         self._step: asyncio.Future[bool] | None = None  # the handshake: True to start TLS
         self._transport: asyncio.Transport | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -209,6 +225,19 @@ class Connection(SessionLink, ReusableReadBuffer, CoalescingWriter):
         token, deadline = self._session.send_request(command, timeout)
         return self._waiter(token, deadline, data)
 
+    def request_for(
+        self, target: Any, data: bytes, command: str, timeout: float | None = None
+    ) -> None:
+        """Queue a command that nsqd answers, as :meth:`request_future` does, with no
+        future: its answer goes to ``receiver.answered(target, data)``, a failure (an error
+        frame, the timeout, the connection's end) to ``receiver.failed(target, error)``.
+        Raises :class:`ConnectionClosedError` when nothing can be written."""
+        if self._closed or self._loop is None:
+            raise ConnectionClosedError("connection is closed", self.address)
+        token, deadline = self._session.send_request(command, timeout)
+        self._targets[token] = target
+        self._queue(deadline, data)
+
     async def request(self, data: bytes, command: str, timeout: float | None = None) -> bytes:
         """Send a command that nsqd answers and wait for its response (see request_future)."""
         future = self.request_future(data, command, timeout)
@@ -218,26 +247,28 @@ class Connection(SessionLink, ReusableReadBuffer, CoalescingWriter):
 
     def _waiter(self, token: int, deadline: float, data: bytes) -> asyncio.Future[bytes]:
         future: asyncio.Future[bytes] = self._loop.create_future()  # type: ignore[union-attr]
-        futures = self._futures
-        futures[token] = future
+        self._futures[token] = future
+        self._queue(deadline, data)
+        return future
+
+    def _queue(self, deadline: float, data: bytes) -> None:
         if deadline < self._timer_at:
             self._arm(deadline)
         transport = self._transport
         if (
-            len(futures) > 1
+            len(self._futures) + len(self._targets) > 1
             or self._flush_handle is not None
             or self._wbuf
             or self._in_read
             or transport is None
         ):
             self.send(data)
-            return future
+            return
         # The only request on an idle connection (a sequential publish) leaves now, with no
         # flush scheduled behind it (a loop iteration less per round trip).
         compress = self._session.compress
         transport.write(data if compress is None else compress(data))
         self._wrote_directly = True
-        return future
 
     # ------------------------------------------------------------------ asyncio.Protocol
 
@@ -281,6 +312,16 @@ class Connection(SessionLink, ReusableReadBuffer, CoalescingWriter):
     def eof_received(self) -> bool | None:
         return None  # close the transport
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.receiver is not None:
+            self.receiver.paused(self)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self.receiver is not None:
+            self.receiver.resumed(self)
+
     def _act(self, events: list[Event]) -> None:
         """Events from outside a read (the timer, TLS): handled, then what they queued."""
         self._handle(events)
@@ -289,6 +330,11 @@ class Connection(SessionLink, ReusableReadBuffer, CoalescingWriter):
 
     def _answered(self, token: int, data: bytes) -> None:
         """nsqd's answer to a request, paired by the session (called as it reads)."""
+        if self._targets:
+            target = self._targets.pop(token, _NO_TARGET)
+            if target is not _NO_TARGET:
+                self.receiver.answered(target, data)  # type: ignore[union-attr]
+                return
         future = self._futures.pop(token, None)
         if future is not None and not future.done():
             future.set_result(data)
@@ -297,6 +343,10 @@ class Connection(SessionLink, ReusableReadBuffer, CoalescingWriter):
         for event in events:
             match event:
                 case RequestFailed(token, error):
+                    target = self._targets.pop(token, _NO_TARGET)
+                    if target is not _NO_TARGET:
+                        self.receiver.failed(target, error)  # type: ignore[union-attr]
+                        continue
                     future = self._futures.pop(token, None)
                     if future is not None and not future.done():
                         future.set_exception(error)

@@ -5,6 +5,7 @@ by the client, or moved off its key's partition), timeouts and bad input."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
@@ -15,6 +16,7 @@ from smartnsq import errors as e
 from smartnsq.flow.retry import Backoff
 from smartnsq.producer.producer import Producer
 from smartnsq.publishing.result import PublishResult
+from smartnsq.publishing.stamps import parse_stamp
 from smartnsq.routing.sharding import Sharder
 from smartnsq.testing import Cluster
 
@@ -127,7 +129,11 @@ async def test_ext_headers() -> None:
             result = await producer.publish("ext", b"body", partition=1, ext={"k": "v"})
             assert result.internal_id is None  # no ##trace_id: plain OK
             record = cluster.messages("ext", 1)[-1]
-            assert record.ext_raw == b'{"k":"v"}'
+            assert json.loads(record.ext_raw)["k"] == "v"
+            # keyed to partition 1: the producer's sequence stamp rides along
+            stamp = parse_stamp(record.ext_raw)
+            assert stamp is not None
+            assert (stamp.seq, stamp.floor) == (1, 1)
             traced = await producer.publish(
                 "ext", b"body", partition=1, ext={"##trace_id": "77", "k": "v"}
             )
@@ -151,6 +157,10 @@ async def test_ext_headers() -> None:
             assert kept.trace_id == 82
             producer.set_trace(False, "ext")
             await producer.publish_many("ext", [b"a", b"b"], partition=0, exts=[{"a": "1"}, None])
+            first, second = cluster.messages("ext", 0)[-2:]
+            assert json.loads(first.ext_raw)["a"] == "1"
+            stamps = [parse_stamp(first.ext_raw), parse_stamp(second.ext_raw)]
+            assert [s.seq for s in stamps if s is not None] == [1, 2]  # one number each
             with pytest.raises(e.UnsupportedFeatureError, match="not an ext topic"):
                 await producer.publish("plain", b"x", ext={"k": "v"})
             assert cluster.messages("plain") == []

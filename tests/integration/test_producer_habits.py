@@ -11,8 +11,8 @@ import pytest
 
 from smartnsq import errors as e
 from smartnsq.flow.retry import Backoff
-from smartnsq.producer import producer as producer_module
 from smartnsq.producer.producer import DEFAULT_PUBLISH_TIMEOUT, Producer, ProducerStats
+from smartnsq.publishing import flow as flow_module
 from smartnsq.testing import Cluster
 
 # Tries come fast with this backoff: the old default of 60 retries lasted well under 1 s.
@@ -131,7 +131,7 @@ async def test_a_long_outage_is_a_warning(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     caplog.set_level(logging.INFO, logger="smartnsq.producer")
-    monkeypatch.setattr(producer_module, "_WARN_AFTER", 0.3)  # 5 s in real life
+    monkeypatch.setattr(flow_module, "WARN_AFTER", 0.3)  # 5 s in real life
     async with Cluster(classic=True, nodes=1) as cluster:
         address = cluster.nsqd_addresses[0]
         async with Producer(nsqd=[address], publish_timeout=1) as producer:

@@ -156,7 +156,7 @@ async def _publishing_threads(
     assert not any(thread.is_alive() for thread in threads)
     here = producer._here
     assert here is not None
-    assert here._stats.publishes > 0  # first tries answered in their threads
+    assert here.answered_here > 0  # first tries answered in their threads
     assert producer.stats().retries > 0  # and first tries that failed, retried on the loop
 
 
@@ -316,6 +316,8 @@ async def test_a_waiting_blocking_publish_goes_as_soon_as_a_lookup_names_a_leade
             await cluster.set_writable(TOPIC, 0, True)
             results = await asyncio.gather(*waiting)
             assert time.monotonic() - recovered < 0.8
-            assert all(result.tries > 1 for result in results)
+            # The first was refused and tried again; those behind it in its partition's
+            # lane waited their turn, untried, and went in order after it.
+            assert max(result.tries for result in results) > 1
         finally:
             await asyncio.to_thread(producer.close)

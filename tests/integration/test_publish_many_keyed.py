@@ -77,7 +77,10 @@ async def test_murmur3_and_ext_headers() -> None:
     async with Cluster(nodes=2) as cluster:
         await cluster.create_topic("ext", 3, 1, ext=True, channels=["c"])
         keys = ["a", "b", "c", "d", "e", "a"]
-        async with Producer(lookupd=[cluster.lookupd_url], sharding="murmur3") as producer:
+        # stamps=False: the headers go exactly as given (no sequence stamp added)
+        async with Producer(
+            lookupd=[cluster.lookupd_url], sharding="murmur3", stamps=False
+        ) as producer:
             results = await producer.publish_many(
                 "ext",
                 [b"1", b"2", b"3", b"4", b"5", b"6"],

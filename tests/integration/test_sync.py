@@ -82,7 +82,7 @@ def _idle_connections(producer: sync.Producer) -> list[Any]:
 
 def _tried_here(producer: sync.Producer) -> int:
     """Publishes whose first try, made in their calling thread, was answered."""
-    return 0 if producer._here is None else producer._here._stats.publishes
+    return 0 if producer._here is None else producer._here.answered_here
 
 
 def _consumer(tc: ThreadedCluster, topic: str = "orders", **kwargs: Any) -> sync.Consumer:

@@ -15,9 +15,8 @@ from smartnsq.publishing.request import (
     ext_with_trace_id,
     message_request,
     new_trace_ids,
+    plain_request,
 )
-from smartnsq.publishing.routes import Route
-from smartnsq.publishing.tries import UNROUTED, PublishTries
 
 
 def test_a_new_request_is_unbound_and_movable() -> None:
@@ -26,9 +25,6 @@ def test_a_new_request_is_unbound_and_movable() -> None:
     assert request.partition is None
     assert request.movable
     assert not request.batch
-    tries = PublishTries()
-    assert (tries.count, tries.pinned, tries.avoid, tries.route) == (1, None, set(), UNROUTED)
-    assert tries.last_partition is None
 
 
 def test_a_request_is_a_value() -> None:
@@ -38,6 +34,14 @@ def test_a_request_is_a_value() -> None:
     assert "partition=1" in repr(request)
     with pytest.raises(AttributeError):
         request.pinned = 1  # type: ignore[attr-defined]  # no room for decisions
+    with pytest.raises(AttributeError):
+        request.topic = "y"  # type: ignore[misc]  # immutable at run time, not only typed so
+
+
+def test_the_hot_path_makes_the_same_value() -> None:
+    assert plain_request("t", b"x", 1) == PublishRequest("t", "PUB", [b"x"], partition=1)
+    assert plain_request("t", b"x", None, "k") == PublishRequest("t", "PUB", [b"x"], key="k")
+    assert type(plain_request("t", b"x")) is PublishRequest
 
 
 @pytest.mark.parametrize(
@@ -59,21 +63,6 @@ def test_batch_follows_the_command(command: str, batch: bool) -> None:
 def test_a_partition_or_a_key_binds_a_request() -> None:
     assert not PublishRequest("t", "PUB", [b"x"], partition=0).movable
     assert not PublishRequest("t", "PUB", [b"x"], key=0).movable  # a falsy key is still a key
-
-
-def test_an_unkeyed_publish_avoids_the_partitions_that_failed_it() -> None:
-    tries = PublishTries()
-    request = PublishRequest("t", "PUB", [b"x"])
-    tries.failed(request)  # not routed yet: nothing to avoid
-    assert tries.avoid == set()
-    for partition in (2, 0):
-        tries.route = Route("127.0.0.1:4150", partition, True, False, "t")
-        tries.failed(request)
-    assert tries.avoid == {0, 2}
-    keyed = PublishTries()
-    keyed.route = Route("127.0.0.1:4150", 1, True, False, "t")
-    keyed.failed(PublishRequest("t", "PUB", [b"x"], key="k"))  # bound: it stays
-    assert keyed.avoid == set()
 
 
 # --------------------------------------------------------------------------- message_request

@@ -1,0 +1,1351 @@
+"""The publish flow: every decision about a producer's publishes, in one place, returned and
+never performed (pure: no asyncio, no sockets, no clock; the time comes in with each event).
+
+A driver (the asyncio :class:`~smartnsq.producer.sender.Sender`, the blocking publisher of
+``smartnsq.sync``) tells the flow what happened (a publish asked for, a try written, nsqd's
+answer, a lost connection, a new layout, the time) and carries out the :class:`Steps` it
+returns: the bytes to write on which link, the publishes that are over (with their results
+or error), the connections to open, the topics to look up, what to log. httpx's
+``auth_flow`` (one generator driven by its sync and its async client) and aiokafka's split of
+the API class, its ``Sender`` and its accumulator are the models.
+
+**Order.** Every publish bound to a partition (a sharding key, an explicit partition; on
+classic nsqd, the nsqd its key maps to) joins that partition's :class:`Lane` in the order
+``publish()`` was called, and the lane sends in that order:
+
+* in the good case it pipelines: each publish is written as soon as it is asked for, on the
+  lane's one link (nsqd handles one connection's commands in order), up to
+  :data:`LANE_DEPTH` unanswered;
+* when a try fails (a lost connection, a timeout, a refusal), nothing behind it is sent
+  until the tries in flight are settled; then the failed ones go again, in call order, one
+  at a time until one is acknowledged (a lane *recovering*), and the lane pipelines again;
+* a publish nsqd refused (an error answer: nothing stored) is sent again only if nothing
+  sent after it on its link was stored or may have been: if something was, it fails
+  (:class:`~smartnsq.errors.PublishError`) rather than being stored after a later publish.
+  nsqd refuses without closing the connection and may take the next command (a partition
+  turning writable between two commands); a client cannot undo that, only not make it worse;
+* a try the deadline ended while in flight stays in its lane as a *zombie* until its link
+  answers or fails: nothing behind it goes on another link before then.
+
+Unkeyed publishes have no order to keep: each goes alone, round-robin over the writable
+partitions, and a failed one tries another partition first.
+
+**Deadlines.** Every publish ends by its deadline, whatever it waits for (a lookup, a
+connection, its turn, an answer): :meth:`PublishFlow.next_deadline` is when the flow must be
+told the time (:meth:`PublishFlow.tick`).
+
+**Stamps.** With a producer id, every message of a lane on a youzan ext topic carries its
+sequence number (:mod:`smartnsq.publishing.stamps`), the same on every try, with the floor
+below which the lane has settled everything: what lets an ordered consumer drop a message
+stored twice, or stored after the producer gave up on it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+from collections import deque
+from collections.abc import Callable, Hashable
+from typing import Any, Protocol
+
+from smartnsq.errors import (
+    NoWritablePartitionError,
+    NSQError,
+    NSQTimeoutError,
+    PublishError,
+    ServerError,
+    UnsupportedFeatureError,
+    ValidationError,
+)
+from smartnsq.flow.logthrottle import LogThrottle
+from smartnsq.protocol.lookupd import TopicLayout
+from smartnsq.publishing.request import PublishRequest
+from smartnsq.publishing.result import PublishResult
+from smartnsq.publishing.routes import ANY_TOPIC, Route, Router, classic_routes
+from smartnsq.publishing.stamps import Stamp
+from smartnsq.publishing.stats import ProducerStats
+from smartnsq.publishing.wire import PublishCodec
+
+__all__ = [
+    "LANE_DEPTH",
+    "PER_TURN",
+    "WARN_AFTER",
+    "Delays",
+    "Lane",
+    "Publish",
+    "PublishFlow",
+    "Steps",
+]
+
+#: Tries of one lane written and not answered at most: a link that goes silent holds no
+#: more than this many in doubt (the rest wait in memory, where they cost less and cannot
+#: be stored twice).
+LANE_DEPTH = 256
+#: Publishes sent per turn of the driver's loop by anything but ``submit`` (a heal, a new
+#: layout, a timer): thousands released at once leave over several turns, so the loop keeps
+#: answering everything else (a try is routed, encoded and written in 10-30 µs).
+PER_TURN = 256
+#: A publish failing for this long is worth a warning; a publish with nowhere to go looks
+#: again this often (a leader move takes less).
+WARN_AFTER = 5.0
+
+# The states of a publish.
+QUEUED = 0  # in its lane (or waiting for a layout), not in flight
+SENT = 1  # its try is in flight on ``link``
+REFUSED = 2  # nsqd refused its try; waits for the tries sent behind it to be answered
+LOST = 3  # its try ended unanswered (lost connection, timeout); waits for the others
+ZOMBIE = 4  # over for its caller (deadline, cancelled), its try still in flight
+DONE = 5  # over: ``results`` or ``error`` set, removed from its lane
+
+Key = tuple[str, str, "int | None"]  # a link's pool key: (address, pool topic, partition)
+_NO_LAYOUT: Any = object()  # a lane not waiting for a layout
+
+
+class Delays(Protocol):
+    """What spaces a lane's tries: the wait after ``failures`` consecutive failures."""
+
+    def delay(self, failures: int) -> float: ...
+
+
+class Publish:
+    """One publish as the flow keeps it: the request, its deadline, the driver's ``waiter``
+    and telemetry ``span`` (opaque here), and its tries so far: how many, the partitions
+    an unkeyed one failed on (``avoid``), the last try's route, link and trace ids, whether
+    some try may have been stored (``maybe_stored``), the last failure; once over, its
+    ``results`` or ``error``. ``seq``: its stamp number (0: not stamped)."""
+
+    __slots__ = (
+        "avoid",
+        "deadline",
+        "error",
+        "failure",
+        "lane",
+        "link",
+        "maybe_stored",
+        "overtaken",
+        "request",
+        "results",
+        "route",
+        "seq",
+        "span",
+        "state",
+        "trace_ids",
+        "tries",
+        "waiter",
+        "watched",
+    )
+
+    def __init__(self, request: PublishRequest, deadline: float, waiter: Any, span: Any) -> None:
+        self.request = request
+        self.deadline = deadline
+        self.waiter = waiter
+        self.span = span
+        self.state = QUEUED
+        self.tries = 0
+        self.avoid: frozenset[int] = frozenset()
+        self.route: Route | None = None
+        self.link: Any = None
+        self.trace_ids: list[int] | None = None
+        self.maybe_stored = False
+        self.overtaken = False
+        self.failure: BaseException | None = None
+        self.lane: Lane | None = None
+        self.seq = 0
+        self.results: list[PublishResult] | None = None
+        self.error: BaseException | None = None
+        self.watched = False  # its deadline is in the flow's heap
+
+    @property
+    def done(self) -> bool:
+        return self.state == DONE
+
+    def __repr__(self) -> str:
+        states = ("queued", "sent", "refused", "lost", "zombie", "done")
+        return (
+            f"<Publish {self.request.command} {self.request.topic} seq={self.seq} "
+            f"tries={self.tries} {states[self.state]}>"
+        )
+
+
+class Lane:
+    """The publishes of one partition (``target``: its number, or the classic nsqd's
+    address), in call order: ``queue[:sending]`` were written on ``link`` and are not
+    settled (in flight, refused, lost, zombies), the rest wait their turn. An unkeyed
+    publish that has to wait gets a lane of its own (``movable``)."""
+
+    __slots__ = (
+        "failing_since",
+        "failures",
+        "in_flight",
+        "link",
+        "movable",
+        "next_seq",
+        "queue",
+        "recovering",
+        "retry_at",
+        "route",
+        "sending",
+        "stale",
+        "target",
+        "topic",
+        "waiting_key",
+    )
+
+    def __init__(self, topic: str, target: int | str | None, movable: bool = False) -> None:
+        self.topic = topic
+        self.target = target
+        self.movable = movable
+        self.queue: deque[Publish] = deque()
+        self.sending = 0
+        self.in_flight = 0
+        self.link: Any = None
+        self.route: Route | None = None
+        self.recovering = False
+        self.failures = 0
+        self.failing_since: float | None = None
+        self.retry_at = 0.0  # no send before (a backoff)
+        self.stale: Any = _NO_LAYOUT  # waits (until retry_at) for a layout other than this
+        self.waiting_key: Key | None = None  # waits for a link of this key
+        self.next_seq = 1
+
+    @property
+    def idle(self) -> bool:
+        return not self.queue and not self.in_flight
+
+    def __repr__(self) -> str:
+        return (
+            f"<Lane {self.topic}/{self.target} queued={len(self.queue)} "
+            f"sending={self.sending} in_flight={self.in_flight}>"
+        )
+
+
+class Steps:
+    """What the driver does after an event, in this order: write each of ``sends``
+    (publish, link, command, bytes) on its link; open a link for each of ``connect``; look
+    up each of ``lookup``; answer the waiter of each of ``done`` (``results`` or
+    ``error``); log ``notes`` ((level, message, args)). ``here``: the publish the calling
+    thread writes on its own link (the blocking driver). ``more``: call
+    :meth:`PublishFlow.resume` on the driver's loop soon (sends held for the next turn, or
+    decided in another thread)."""
+
+    __slots__ = ("connect", "done", "here", "lookup", "more", "notes", "sends")
+
+    def __init__(self) -> None:
+        self.sends: list[tuple[Publish, Any, str, bytes]] = []
+        self.done: list[Publish] = []
+        self.connect: list[Key] = []
+        self.lookup: list[str] = []
+        self.notes: list[tuple[int, str, tuple[Any, ...]]] = []
+        self.here: Publish | None = None
+        self.more = False
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.sends
+            or self.done
+            or self.connect
+            or self.lookup
+            or self.notes
+            or self.here is not None
+            or self.more
+        )
+
+
+class _LinkInfo:
+    __slots__ = ("key", "paused", "youzan")
+
+    def __init__(self, key: Key, youzan: bool) -> None:
+        self.key = key
+        self.youzan = youzan
+        self.paused = False
+
+
+class PublishFlow:
+    """The decisions of one producer's publishes (see the module's text).
+
+    ``layouts(topic)``: the cached write layout of a topic (None when unknown); None in
+    direct mode (``Producer(nsqd=...)``), where the router's direct routes are all there
+    is. ``delays``: the backoff between a lane's tries; ``max_retries``: a publish's tries
+    after its first, at most (None: its deadline only). ``producer_id``: stamps on ext
+    topics (None: none). ``links_per_key``: how many links an unkeyed publish spreads over
+    (``connections_per_partition``). ``verbose``: a debug note per retry.
+    """
+
+    def __init__(
+        self,
+        router: Router,
+        codec: PublishCodec,
+        *,
+        layouts: Callable[[str], TopicLayout | None] | None,
+        delays: Delays,
+        max_retries: int | None = None,
+        request_timeout: float = 10.0,
+        producer_id: str | None = None,
+        links_per_key: int = 1,
+        verbose: bool = False,
+        lane_depth: int = LANE_DEPTH,
+        per_turn: int = PER_TURN,
+    ) -> None:
+        self._router = router
+        self._codec = codec
+        self._layouts = layouts
+        self._delays = delays
+        self._max_retries = max_retries
+        self._request_timeout = request_timeout
+        self.producer_id = producer_id
+        self._links_per_key = links_per_key
+        self.verbose = verbose
+        self._depth = lane_depth
+        self._per_turn = per_turn
+        self._budget = per_turn
+        self.stats = ProducerStats()
+        self._now = 0.0
+        self._throttle = LogThrottle(clock=lambda: self._now)
+        self._lanes: dict[tuple[str, int | str], Lane] = {}
+        self._unplaced: dict[str, deque[Publish]] = {}  # bound publishes waiting for a layout
+        self._layout_waiters: dict[str, dict[Lane, None]] = {}
+        self._topic_errors: dict[str, BaseException] = {}  # why a topic has no layout yet
+        self._links: dict[Key, list[Any]] = {}
+        self._link_info: dict[Any, _LinkInfo] = {}
+        self._connecting: set[Key] = set()
+        self._link_waiters: dict[Key, dict[Lane, None]] = {}
+        self._spread: dict[Key, int] = {}  # round-robin over a key's links (unkeyed)
+        self._deadlines: list[tuple[float, int, Publish]] = []
+        self._timers: list[tuple[float, int, Lane]] = []
+        self._order = itertools.count()
+        self._pending = 0  # publishes not over, whose deadline the heap may hold
+        self._dirty: dict[Lane, None] = {}  # lanes to pump on the driver's loop
+        self._closed: BaseException | None = None
+        #: Set when :meth:`next_deadline` may have changed (the driver re-arms its timer
+        #: and clears it).
+        self.wake_changed = False
+
+    # ------------------------------------------------------------------ events
+
+    def submit(
+        self,
+        request: PublishRequest,
+        now: float,
+        deadline: float,
+        waiter: Any = None,
+        span: Any = None,
+        via: Any = None,
+    ) -> tuple[Publish, Steps]:
+        """A publish asked for, to end by ``deadline``. ``via``: the calling thread's own
+        link (the blocking driver), which the publish may take when its lane is idle:
+        then ``steps.here`` is the publish (see :meth:`encode_here`)."""
+        self._now = now
+        p = Publish(request, deadline, waiter, span)
+        steps = Steps()
+        self._pending += 1
+        if self._closed is not None:
+            self._finish(p, self._closed, steps)
+            return p, steps
+        if deadline <= now:
+            self._watch(p)
+            self._expire(p, steps)
+            return p, steps
+        if self._layouts is not None and (
+            self._unplaced.get(request.topic) or self._layouts(request.topic) is None
+        ):
+            self._wait_for_placing(p, request.topic, steps)  # in call order
+            return p, steps
+        if request.movable:
+            self._start_movable(p, now, via, steps)
+            return p, steps
+        lane = self._place(p, now, steps)
+        if lane is None:
+            return p, steps
+        if via is not None:
+            if lane.queue[0] is p and not lane.in_flight and lane.retry_at <= now:
+                route = self._lane_route(lane, now, steps)
+                if route is not None and lane.queue and lane.queue[0] is p:
+                    self._send_here(p, lane, route, via, steps)
+                    return p, steps
+            self._watch(p)
+            self._defer(lane, steps)
+            return p, steps
+        # Alone in an idle lane (the common case), it leaves now; behind a backlog, the
+        # turn's budget applies (a heal must not leave all at once).
+        alone = lane.sending == len(lane.queue) - 1 and lane not in self._dirty
+        self._pump(lane, now, steps, budgeted=not alone)
+        if p.state == QUEUED:
+            self._watch(p)
+        return p, steps
+
+    def encode_here(self, p: Publish, youzan: bool) -> tuple[str, bytes]:
+        """The bytes of ``steps.here``'s try on the calling thread's link (``youzan``: its
+        server is a youzan nsqd). What the server cannot take raises here, before anything
+        is sent: then :meth:`unsent`."""
+        route = p.route
+        if route is None:  # pragma: no cover - set by submit
+            raise ValidationError("route", "the publish was not routed")
+        command, data, trace_ids = self._codec.prepare(
+            p.request, route, route.youzan or youzan, p.span, self._stamp(p)
+        )
+        p.trace_ids = trace_ids
+        return command, data
+
+    def answered(self, p: Publish, frame: bytes, now: float, pump: bool = True) -> Steps:
+        """nsqd answered ``p``'s try with ``frame`` (OK, or a trace receipt): it is stored.
+        ``pump`` False: called off the driver's loop (a blocking thread), whose lanes the
+        loop pumps (``steps.more``)."""
+        self._now = now
+        steps = Steps()
+        state = p.state
+        if state != SENT and state != ZOMBIE:
+            return steps
+        lane = p.lane
+        if state == SENT:
+            route = p.route
+            results = self._codec.results(p.request, route, frame, p.tries, p.trace_ids)  # type: ignore[arg-type]
+            self.stats.acknowledged(p.request.bodies, results)
+            p.results = results
+            self._done(p, steps)
+            steps.done.append(p)
+        else:
+            p.state = DONE  # stored after its caller was told it may have been
+        if lane is None:
+            return steps
+        lane.in_flight -= 1
+        self._unlink(lane, p, stored=True)
+        if state == SENT:
+            lane.failures = 0
+            lane.failing_since = None
+        self._after_answer(lane, now, steps, pump)
+        return steps
+
+    def refused(self, p: Publish, error: BaseException, now: float, pump: bool = True) -> Steps:
+        """nsqd answered ``p``'s try with ``error`` (an error frame): nothing was stored."""
+        self._now = now
+        steps = Steps()
+        state = p.state
+        if state != SENT and state != ZOMBIE:
+            return steps
+        lane = p.lane
+        p.failure = error
+        if lane is not None:
+            lane.in_flight -= 1
+        if self._closed is not None:
+            error = self._closed  # nothing is tried again
+        if state == ZOMBIE:
+            p.state = DONE
+            if lane is not None:
+                self._unlink(lane, p)
+        elif not _retriable(error):
+            if lane is not None:
+                self._unlink(lane, p)
+            self._finish(p, error, steps)
+        elif lane is None:
+            self._retry_movable(p, now, steps)
+            return steps
+        else:
+            p.state = REFUSED
+            lane.recovering = True
+        if lane is not None:
+            self._after_answer(lane, now, steps, pump)
+        return steps
+
+    def lost(
+        self,
+        p: Publish,
+        error: BaseException,
+        now: float,
+        written: bool = True,
+        pump: bool = True,
+    ) -> Steps:
+        """``p``'s try ended without an answer (its connection closed, its link timed
+        out, or it could not be written: ``written`` False, when nothing of it left)."""
+        self._now = now
+        steps = Steps()
+        state = p.state
+        if state != SENT and state != ZOMBIE:
+            return steps
+        lane = p.lane
+        if written:
+            p.maybe_stored = True
+        p.failure = error
+        if lane is not None:
+            lane.in_flight -= 1
+            if written:
+                for other in lane.queue:
+                    if other is p:
+                        break
+                    if other.state == REFUSED:
+                        other.overtaken = True  # p may have been stored after it
+        if self._closed is not None:
+            error = self._closed  # nothing is tried again
+        if state == ZOMBIE:
+            p.state = DONE
+            if lane is not None:
+                self._unlink(lane, p)
+        elif not _retriable(error):
+            if lane is not None:
+                self._unlink(lane, p)
+            self._finish(p, error, steps)
+        elif lane is None:
+            self._retry_movable(p, now, steps)
+            return steps
+        else:
+            p.state = LOST
+            lane.recovering = True
+        if lane is not None:
+            self._after_answer(lane, now, steps, pump)
+        return steps
+
+    def unsent(self, p: Publish, error: BaseException, now: float, pump: bool = True) -> Steps:
+        """``steps.here``'s try was refused before anything was sent (:meth:`encode_here`
+        raised what its server cannot take): the publish is over, with that error."""
+        self._now = now
+        steps = Steps()
+        if p.state != SENT:
+            return steps
+        p.tries -= 1  # no try was made
+        lane = p.lane
+        if lane is not None:
+            lane.in_flight -= 1
+            self._unlink(lane, p)
+        self._finish(p, error, steps)
+        if lane is not None:
+            self._after_answer(lane, now, steps, pump)
+        return steps
+
+    def cancel(self, p: Publish, now: float) -> Steps:
+        """The caller stopped waiting for ``p`` (its task was cancelled). A publish never
+        sent is taken out (it is as if never asked for); one in flight goes on as a
+        zombie (its link still carries it); one waiting to be sent again is dropped."""
+        self._now = now
+        steps = Steps()
+        state = p.state
+        if state in (DONE, ZOMBIE):
+            return steps
+        p.waiter = None
+        lane = p.lane
+        if state == SENT:
+            p.state = ZOMBIE
+            self._pending -= 1
+            return steps
+        self._done(p, steps)
+        if lane is not None:
+            self._unlink(lane, p)
+            self._pump(lane, now, steps, budgeted=True)
+            self._forget_if_empty(lane)
+        else:
+            self._unplace(p)
+        return steps
+
+    def tick(self, now: float) -> Steps:
+        """The time is ``now`` (at or after :meth:`next_deadline`): publishes whose deadline
+        passed end, lanes whose backoff is over go on."""
+        self._now = now
+        steps = Steps()
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            p = heapq.heappop(deadlines)[2]
+            p.watched = False
+            if p.state != DONE and p.state != ZOMBIE:
+                self._expire(p, steps)
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            at, _, lane = heapq.heappop(timers)
+            if lane.retry_at != at:
+                continue  # rescheduled since
+            lane.retry_at = 0.0
+            self._stop_waiting_layout(lane)
+            self._pump(lane, now, steps, budgeted=True)
+        return steps
+
+    def resume(self, now: float) -> Steps:
+        """A new turn of the driver's loop: the lanes held back (the turn's budget ran out,
+        or another thread settled them) go on."""
+        self._now = now
+        self._budget = self._per_turn
+        steps = Steps()
+        dirty, self._dirty = self._dirty, {}
+        for lane in dirty:
+            self._pump(lane, now, steps, budgeted=True)
+        return steps
+
+    def layout_changed(self, topic: str, now: float) -> Steps:
+        """A lookup of ``topic`` answered (its layout, through ``layouts``, may be new): the
+        publishes that waited for one are placed, and the lanes that waited for a new one go
+        on where it names somewhere to go."""
+        self._now = now
+        steps = Steps()
+        self._topic_errors.pop(topic, None)
+        layout = self._layouts(topic) if self._layouts is not None else None
+        unplaced = self._unplaced.pop(topic, None)
+        if unplaced and layout is not None:
+            touched: dict[Lane, None] = {}
+            while unplaced:
+                p = unplaced.popleft()
+                if p.state == DONE:
+                    continue
+                if p.request.movable:
+                    self._start_movable(p, now, None, steps)
+                    continue
+                lane = self._place(p, now, steps)
+                if lane is not None:
+                    touched[lane] = None
+                elif p.state != DONE:
+                    # Still no partition for it: it waits on, and those after it behind it.
+                    self._unplaced[topic].extend(unplaced)
+                    break
+            for lane in touched:
+                self._pump(lane, now, steps, budgeted=True)
+        elif unplaced:
+            self._unplaced[topic] = unplaced
+        waiters = self._layout_waiters.get(topic)
+        if waiters and layout is not None:
+            for lane in list(waiters):
+                if lane.stale is not layout and self._routable(lane, layout):
+                    self._stop_waiting_layout(lane)
+                    lane.retry_at = 0.0
+                    self._pump(lane, now, steps, budgeted=True)
+        return steps
+
+    def layout_failed(self, topic: str, error: BaseException, now: float) -> Steps:
+        """A lookup of ``topic`` failed with ``error``. What cannot be retried (a topic
+        nsqlookupd does not know, an address that is no nsqlookupd) ends the publishes that
+        never had a layout; anything else is the cause they give if their time runs out."""
+        self._now = now
+        steps = Steps()
+        self._topic_errors[topic] = error
+        if _retriable(error):
+            return steps
+        unplaced = self._unplaced.pop(topic, None)
+        while unplaced:
+            self._finish(unplaced.popleft(), error, steps)
+        return steps
+
+    def link_up(self, key: Key, link: Any, youzan: bool, now: float) -> Steps:
+        """A link (a connection) for ``key`` is open; ``youzan``: its server is a youzan
+        nsqd. The lanes that waited for it go on."""
+        self._now = now
+        steps = Steps()
+        self._connecting.discard(key)
+        self._link_info[link] = _LinkInfo(key, youzan)
+        self._links.setdefault(key, []).append(link)
+        for lane in self._link_waiters.pop(key, {}):
+            lane.waiting_key = None
+            self._pump(lane, now, steps, budgeted=True)
+        return steps
+
+    def link_failed(self, key: Key, error: BaseException, now: float) -> Steps:
+        """Opening a link for ``key`` failed with ``error``: for each lane that waited for
+        it, its first publish's try failed before anything was sent."""
+        self._now = now
+        steps = Steps()
+        self._connecting.discard(key)
+        for lane in self._link_waiters.pop(key, {}):
+            lane.waiting_key = None
+            if not lane.queue:
+                continue
+            head = lane.queue[0]
+            self._tried(head)
+            head.failure = error
+            route = lane.route
+            if lane.movable and route is not None and route.partition is not None:
+                head.avoid = head.avoid | {route.partition}
+            if not _retriable(error):
+                # What no retry fixes (authentication, an address that is no nsqd) ends
+                # every publish waiting for that link.
+                while lane.queue:
+                    self._finish(lane.queue.popleft(), error, steps)
+                lane.sending = 0
+                continue
+            if self._over_retries(head):
+                lane.queue.popleft()
+                self._give_up(head, f"max_retries={self._max_retries}", steps)
+            lane.recovering = True
+            self._schedule(lane, error, now, steps)
+        return steps
+
+    def link_down(self, link: Any) -> None:
+        """A link closed: the tries in flight on it end through :meth:`lost`."""
+        info = self._link_info.pop(link, None)
+        if info is not None:
+            links = self._links.get(info.key)
+            if links is not None and link in links:
+                links.remove(link)
+                if not links:
+                    del self._links[info.key]
+
+    def link_paused(self, link: Any) -> None:
+        """``link``'s server reads slower than the lanes write: they wait for it."""
+        info = self._link_info.get(link)
+        if info is not None:
+            info.paused = True
+
+    def link_resumed(self, link: Any, now: float) -> Steps:
+        """``link`` takes writes again."""
+        self._now = now
+        steps = Steps()
+        info = self._link_info.get(link)
+        if info is not None:
+            info.paused = False
+            for lane in self._link_waiters.pop(info.key, {}):
+                lane.waiting_key = None
+                self._pump(lane, now, steps, budgeted=True)
+        return steps
+
+    def close(self, error: BaseException) -> Steps:
+        """The producer closes: every publish not over ends with ``error`` (whatever nsqd
+        did with those in flight)."""
+        steps = Steps()
+        self._closed = error
+        for lane in self._lanes.values():
+            self._close_lane(lane, error, steps)
+        for waiters in self._layout_waiters.values():
+            for lane in waiters:
+                if lane.movable:
+                    self._close_lane(lane, error, steps)
+        for queue in self._unplaced.values():
+            while queue:
+                self._finish(queue.popleft(), error, steps)
+        for _, _, p in self._deadlines:
+            if p.state != DONE and p.state != ZOMBIE:
+                self._finish(p, error, steps)
+        self._unplaced.clear()
+        self._layout_waiters.clear()
+        self._link_waiters.clear()
+        self._deadlines.clear()
+        self._timers.clear()
+        return steps
+
+    # ------------------------------------------------------------------ questions
+
+    def next_deadline(self) -> float | None:
+        """When the flow must next be told the time (:meth:`tick`); None: never."""
+        deadlines, timers = self._deadlines, self._timers
+        while deadlines and deadlines[0][2].state in (DONE, ZOMBIE):
+            heapq.heappop(deadlines)[2].watched = False
+        while timers and timers[0][2].retry_at != timers[0][0]:
+            heapq.heappop(timers)
+        first = deadlines[0][0] if deadlines else None
+        if timers and (first is None or timers[0][0] < first):
+            return timers[0][0]
+        return first
+
+    def wants_layout(self, topic: str) -> bool:
+        """Whether publishes of ``topic`` wait for a (new) layout: keep looking it up."""
+        return bool(self._unplaced.get(topic)) or bool(self._layout_waiters.get(topic))
+
+    def useful(self, topic: str, layout: TopicLayout) -> bool:
+        """Whether ``layout`` would move something waiting for ``topic`` (a lookup's
+        answer worth stopping a wait for)."""
+        if self._unplaced.get(topic):
+            return True
+        return any(
+            lane.stale is not layout and self._routable(lane, layout)
+            for lane in self._layout_waiters.get(topic, ())
+        )
+
+    @property
+    def pending(self) -> int:
+        """Publishes not over."""
+        return self._pending
+
+    def lanes(self) -> list[Lane]:
+        """The partitions' lanes (for tests and stats)."""
+        return list(self._lanes.values())
+
+    # ------------------------------------------------------------------ placing
+
+    def _place(self, p: Publish, now: float, steps: Steps) -> Lane | None:
+        """The lane of a bound publish (its number drawn), or None: it waits for a layout
+        that gives its partition (queued in call order), or it was refused (over, in
+        ``steps.done``)."""
+        request = p.request
+        topic = request.topic
+        layout = self._layouts(topic) if self._layouts is not None else None
+        try:
+            target = self._router.target(request, layout)
+        except NoWritablePartitionError as exc:
+            p.failure = exc
+            self._wait_for_placing(p, topic, steps)
+            return None
+        except NSQError as exc:
+            self._finish(p, exc, steps)
+            return None
+        key = (topic, target)
+        lane = self._lanes.get(key)
+        if lane is None:
+            lane = self._lanes[key] = Lane(topic, target)
+        p.lane = lane
+        p.seq = lane.next_seq
+        lane.next_seq += len(request.bodies)
+        lane.queue.append(p)
+        return lane
+
+    def _wait_for_placing(self, p: Publish, topic: str, steps: Steps) -> None:
+        queue = self._unplaced.get(topic)
+        if queue is None:
+            queue = self._unplaced[topic] = deque()
+            steps.lookup.append(topic)
+        queue.append(p)
+        self._watch(p)
+
+    def _unplace(self, p: Publish) -> None:
+        queue = self._unplaced.get(p.request.topic)
+        if queue is not None and p in queue:
+            queue.remove(p)
+
+    # ------------------------------------------------------------------ sending
+
+    def _pump(self, lane: Lane, now: float, steps: Steps, *, budgeted: bool) -> None:
+        """Send what ``lane`` may send now, in order."""
+        queue = lane.queue
+        if lane.sending >= len(queue) or lane.retry_at > now or lane.waiting_key is not None:
+            return
+        if lane.recovering and lane.in_flight:
+            return
+        if budgeted and self._budget <= 0:
+            self._defer(lane, steps)
+            return
+        route = self._lane_route(lane, now, steps)
+        if route is None:
+            return
+        link = self._link_for(lane, route, steps)
+        if link is None:
+            return
+        if lane.in_flight and lane.link is not link:
+            return  # the tries in flight on the old link settle first
+        youzan = route.youzan or self._link_info[link].youzan
+        lane.link = link
+        limit = (1 if lane.recovering else self._depth) - lane.in_flight
+        while lane.sending < len(queue) and limit > 0:
+            if budgeted:
+                if self._budget <= 0:
+                    self._defer(lane, steps)
+                    return
+                self._budget -= 1
+            p = queue[lane.sending]
+            if self._send(p, lane, route, link, youzan, steps):
+                lane.sending += 1
+                lane.in_flight += 1
+                limit -= 1
+        self._forget_if_empty(lane)
+
+    def _send(
+        self, p: Publish, lane: Lane | None, route: Route, link: Any, youzan: bool, steps: Steps
+    ) -> bool:
+        """Encode ``p``'s next try and hand it to ``steps.sends``; False when its server
+        cannot take it (it is over, refused before sending, and out of its lane)."""
+        try:
+            command, data, trace_ids = self._codec.prepare(
+                p.request, route, youzan, p.span, self._stamp(p)
+            )
+        except (UnsupportedFeatureError, ValidationError, ServerError) as exc:
+            if lane is not None:
+                lane.queue.remove(p)
+            self._finish(p, exc, steps)
+            return False
+        self._tried(p)
+        p.trace_ids = trace_ids
+        p.state = SENT
+        p.route = route
+        p.link = link
+        if p.deadline - self._now < self._request_timeout:
+            self._watch(p)  # its link's own timeout would end it too late
+        steps.sends.append((p, link, command, data))
+        return True
+
+    def _send_here(
+        self, p: Publish, lane: Lane | None, route: Route, via: Any, steps: Steps
+    ) -> None:
+        """``p`` goes on the calling thread's link ``via`` (encoded by it)."""
+        self._tried(p)
+        p.state = SENT
+        p.route = route
+        p.link = via
+        if lane is not None:
+            lane.link = via
+            lane.sending = 1
+            lane.in_flight = 1
+        steps.here = p
+
+    def _stamp(self, p: Publish) -> Stamp | None:
+        lane = p.lane
+        if self.producer_id is None or not p.seq or lane is None or not lane.queue:
+            return None
+        return Stamp(self.producer_id, p.seq, lane.queue[0].seq)
+
+    def _lane_route(self, lane: Lane, now: float, steps: Steps) -> Route | None:
+        """Where ``lane`` sends now, or None: it waits for a layout (a try that had nowhere
+        to go, counted as its first publish's)."""
+        head = lane.queue[lane.sending] if lane.sending < len(lane.queue) else lane.queue[0]
+        if lane.movable and not head.tries and lane.route is not None:
+            return lane.route  # routed when it came, not yet tried
+        request = head.request
+        try:
+            if self._layouts is None:
+                if lane.movable:
+                    route = self._router.route_classic(request, self._router.direct_routes)
+                else:
+                    route = classic_routes([lane.target])[0]  # type: ignore[list-item]
+            else:
+                layout = self._layouts(lane.topic)
+                if layout is None:
+                    raise NoWritablePartitionError(f"no layout of topic {lane.topic!r} yet")
+                if lane.movable:
+                    route = self._router.route(request, layout, head.avoid)
+                elif isinstance(lane.target, str):
+                    route = Route(lane.target, None, False, False, ANY_TOPIC)
+                else:
+                    route = self._router.route(request, layout, frozenset(), lane.target)
+        except NSQError as exc:
+            self._unroutable(lane, exc, now, steps)
+            return None
+        previous = lane.route
+        if (
+            previous is not None
+            and previous.address != route.address
+            and route.partition is not None
+            and not lane.movable
+        ):
+            self._note_move(lane, previous, route, steps)
+        lane.route = route
+        return route
+
+    def _link_for(self, lane: Lane, route: Route, steps: Steps) -> Any:
+        """An open, writable link for ``route`` (the lane's own while it has one), or
+        None: the lane waits for one (opened, or taking writes again)."""
+        key = (route.address, route.pool_topic, route.partition)
+        links = self._links.get(key)
+        if links:
+            if lane.link in links:
+                link = lane.link
+            elif lane.movable and len(links) > 1:
+                turn = self._spread.get(key, 0)
+                self._spread[key] = turn + 1
+                link = links[turn % len(links)]
+            else:
+                link = links[0]
+            if not self._link_info[link].paused:
+                if lane.movable and len(links) < self._links_per_key:
+                    self._connect(key, steps)
+                return link
+        else:
+            self._connect(key, steps)
+        lane.waiting_key = key
+        self._link_waiters.setdefault(key, {})[lane] = None
+        return None
+
+    def _connect(self, key: Key, steps: Steps) -> None:
+        if key not in self._connecting:
+            self._connecting.add(key)
+            steps.connect.append(key)
+
+    # ------------------------------------------------------------------ unkeyed
+
+    def _start_movable(self, p: Publish, now: float, via: Any, steps: Steps) -> None:
+        """An unkeyed publish: sent at once where it can go, else given a lane of its own
+        to wait in."""
+        if self._layouts is None:
+            routes = self._router.direct_routes
+            if not routes:  # pragma: no cover - direct mode has an address at least
+                raise ValidationError("nsqd", "no nsqd address")
+            route = self._router.route_classic(p.request, routes)
+        else:
+            layout = self._layouts(p.request.topic)
+            if layout is None:
+                self._wait_for_placing(p, p.request.topic, steps)
+                return
+            if not self._router.routable(p.request, layout):
+                self._wait_movable(p, now, steps)  # a try with nowhere to go, counted
+                return
+            try:
+                route = self._router.route(p.request, layout)
+            except NSQError as exc:
+                self._finish(p, exc, steps)
+                return
+        if via is not None:
+            self._send_here(p, None, route, via, steps)
+            return
+        key = (route.address, route.pool_topic, route.partition)
+        links = self._links.get(key)
+        if links and len(links) >= self._links_per_key:
+            if len(links) == 1:
+                link = links[0]
+            else:
+                turn = self._spread.get(key, 0)
+                self._spread[key] = turn + 1
+                link = links[turn % len(links)]
+            info = self._link_info[link]
+            if not info.paused:
+                self._send(p, None, route, link, route.youzan or info.youzan, steps)
+                return
+        self._wait_movable(p, now, steps, route)
+
+    def _wait_movable(
+        self, p: Publish, now: float, steps: Steps, route: Route | None = None
+    ) -> None:
+        """An unkeyed publish that cannot go at once waits in a lane of its own (for its
+        ``route``'s link: routed once, its round-robin turn taken)."""
+        lane = Lane(p.request.topic, None, movable=True)
+        lane.route = route
+        p.lane = lane
+        lane.queue.append(p)
+        self._watch(p)
+        self._pump(lane, now, steps, budgeted=False)
+
+    def _retry_movable(self, p: Publish, now: float, steps: Steps) -> None:
+        """An unkeyed publish's try failed (``p.failure``): it avoids that partition and
+        waits in a lane of its own."""
+        route = p.route
+        if route is not None and route.partition is not None:
+            p.avoid = p.avoid | {route.partition}
+        p.state = QUEUED
+        lane = Lane(p.request.topic, None, movable=True)
+        p.lane = lane
+        lane.queue.append(p)
+        self._watch(p)
+        if self._over_retries(p):
+            lane.queue.clear()
+            self._give_up(p, f"max_retries={self._max_retries}", steps)
+            return
+        lane.recovering = True
+        self._schedule(lane, p.failure, now, steps)  # type: ignore[arg-type]
+
+    def _forget_if_empty(self, lane: Lane) -> None:
+        """An empty lane waits for nothing (a lookup kept going for it would never end); an
+        unkeyed publish's lane is dropped."""
+        if lane.queue:
+            return
+        self._stop_waiting_layout(lane)
+        if lane.waiting_key is not None:
+            waiters = self._link_waiters.get(lane.waiting_key)
+            if waiters is not None:
+                waiters.pop(lane, None)
+                if not waiters:
+                    del self._link_waiters[lane.waiting_key]
+            lane.waiting_key = None
+        self._dirty.pop(lane, None)
+
+    # ------------------------------------------------------------------ settling
+
+    def _after_answer(self, lane: Lane, now: float, steps: Steps, pump: bool) -> None:
+        """A try of ``lane`` was answered or ended: settle the lane once nothing of it is in
+        flight any more, then send what may go."""
+        if not lane.in_flight and lane.sending:
+            self._settle(lane, now, steps)
+        elif lane.recovering and not lane.in_flight and not lane.sending:
+            lane.recovering = False
+        if lane.movable:
+            self._forget_if_empty(lane)
+            if lane.queue and pump:
+                self._pump(lane, now, steps, budgeted=True)
+            return
+        if pump:
+            self._pump(lane, now, steps, budgeted=True)
+        else:
+            self._defer(lane, steps)
+
+    def _settle(self, lane: Lane, now: float, steps: Steps) -> None:
+        """Nothing of ``lane`` is in flight: what was refused or lost goes again, in order,
+        after a pause; a refused one that something sent after it may have overtaken ends."""
+        prefix = list(itertools.islice(lane.queue, 0, lane.sending))
+        lane.sending = 0
+        first: Publish | None = None
+        for p in prefix:
+            if p.state == REFUSED and p.overtaken:
+                lane.queue.remove(p)
+                self._give_up(p, "overtaken", steps)
+                continue
+            p.state = QUEUED
+            self._watch(p)
+            route = p.route
+            if lane.movable and route is not None and route.partition is not None:
+                p.avoid = p.avoid | {route.partition}  # an unkeyed one tries elsewhere first
+            if self._over_retries(p):
+                lane.queue.remove(p)
+                self._give_up(p, f"max_retries={self._max_retries}", steps)
+                continue
+            if first is None:
+                first = p
+        if first is None:
+            lane.recovering = False
+            return
+        lane.recovering = True
+        self._schedule(lane, first.failure, now, steps)  # type: ignore[arg-type]
+
+    def _schedule(self, lane: Lane, failure: BaseException, now: float, steps: Steps) -> None:
+        """``lane`` tries again after ``failure``: at once (an unkeyed publish moving to
+        another partition), after the backoff, or when nsqlookupd names somewhere else to
+        go (at most the backoff; at least :data:`WARN_AFTER` when there was nowhere)."""
+        lane.failures += 1
+        if lane.failing_since is None:
+            lane.failing_since = now
+        head = lane.queue[0] if lane.queue else None
+        if lane.movable and head is not None and head.avoid and lane.failures <= 1:
+            delay = 0.0
+        else:
+            delay = self._delays.delay(lane.failures)
+        if self._layouts is not None and _refreshes(failure):
+            if isinstance(failure, NoWritablePartitionError):
+                delay = max(delay, WARN_AFTER)
+            lane.stale = self._layouts(lane.topic)
+            waiters = self._layout_waiters.get(lane.topic)
+            if waiters is None:
+                waiters = self._layout_waiters[lane.topic] = {}
+                steps.lookup.append(lane.topic)
+            waiters[lane] = None
+        lane.retry_at = now + delay
+        heapq.heappush(self._timers, (lane.retry_at, next(self._order), lane))
+        self.wake_changed = True
+        self._note_failure(lane, failure, head, now, steps)
+
+    def _unroutable(self, lane: Lane, exc: NSQError, now: float, steps: Steps) -> None:
+        """The lane had nowhere to go (no writable leader, bad input): a try of its first
+        publish that failed before anything was sent."""
+        head = lane.queue[lane.sending] if lane.sending < len(lane.queue) else lane.queue[0]
+        if not _retriable(exc):
+            lane.queue.remove(head)
+            self._finish(head, exc, steps)
+            self._pump(lane, now, steps, budgeted=True)
+            return
+        self._tried(head)
+        head.failure = exc
+        if self._over_retries(head):
+            lane.queue.remove(head)
+            self._give_up(head, f"max_retries={self._max_retries}", steps)
+        if lane.queue:
+            self._schedule(lane, exc, now, steps)
+
+    def _stop_waiting_layout(self, lane: Lane) -> None:
+        if lane.stale is _NO_LAYOUT:
+            return
+        lane.stale = _NO_LAYOUT
+        waiters = self._layout_waiters.get(lane.topic)
+        if waiters is not None:
+            waiters.pop(lane, None)
+            if not waiters:
+                del self._layout_waiters[lane.topic]
+
+    def _routable(self, lane: Lane, layout: TopicLayout) -> bool:
+        if not lane.queue:
+            return False
+        request = lane.queue[0].request
+        if lane.movable:
+            return self._router.routable(request, layout)
+        if isinstance(lane.target, str):
+            return True
+        return self._router.routable(request, layout, lane.target)
+
+    def _defer(self, lane: Lane, steps: Steps) -> None:
+        self._dirty[lane] = None
+        steps.more = True
+
+    def _unlink(self, lane: Lane, p: Publish, stored: bool = False) -> None:
+        """Take ``p`` out of ``lane``'s settling prefix; ``stored``: its try was stored, so
+        the refused ones before it were overtaken."""
+        queue = lane.queue
+        if queue and queue[0] is p:
+            queue.popleft()
+            lane.sending -= 1
+            return
+        for index, other in enumerate(queue):
+            if other is p:
+                del queue[index]
+                if index < lane.sending:
+                    lane.sending -= 1
+                return
+            if stored and other.state == REFUSED:
+                other.overtaken = True
+
+    # ------------------------------------------------------------------ ending
+
+    def _watch(self, p: Publish) -> None:
+        """Keep ``p``'s deadline in the heap (a publish that waits, or whose link would end
+        it too late); the heap is compacted when most of it is over."""
+        if p.watched:
+            return
+        p.watched = True
+        self.wake_changed = True
+        deadlines = self._deadlines
+        if len(deadlines) > 64 and len(deadlines) > 2 * self._pending:
+            live = [entry for entry in deadlines if entry[2].state not in (DONE, ZOMBIE)]
+            heapq.heapify(live)
+            for entry in deadlines:
+                if entry[2].state in (DONE, ZOMBIE):
+                    entry[2].watched = False
+            self._deadlines = deadlines = live
+        heapq.heappush(deadlines, (p.deadline, next(self._order), p))
+
+    def _expire(self, p: Publish, steps: Steps) -> None:
+        """``p``'s deadline passed."""
+        lane = p.lane
+        if p.state == SENT:
+            p.maybe_stored = True
+            where = p.route.address if p.route is not None else "nsqd"
+            p.failure = NSQTimeoutError(
+                f"{p.request.command} to {where}: the publish ran out of time"
+            )
+            self._give_up(p, "publish_timeout", steps, keep=True)
+            p.state = ZOMBIE  # its link still carries the try
+            return
+        waited = None
+        if lane is None:
+            waited = "a lookup"
+        elif lane.queue and lane.queue[0] is p and lane.waiting_key is not None:
+            waited = f"a connection to {lane.waiting_key[0]}"
+            p.tries = max(p.tries, 1)  # connecting is part of its try
+        if waited is not None:
+            p.failure = NSQTimeoutError(
+                f"the publish ran out of time waiting for {waited} (try {max(p.tries, 1)})"
+            )
+        if lane is not None:
+            queue = lane.queue
+            index = next((i for i, other in enumerate(queue) if other is p), None)
+            if index is not None:
+                del queue[index]
+                if index < lane.sending:
+                    lane.sending -= 1
+            self._forget_if_empty(lane)
+        else:
+            self._unplace(p)
+        self._give_up(p, "publish_timeout", steps)
+        if lane is not None and not lane.movable and lane.queue and not lane.in_flight:
+            if lane.sending:
+                self._settle(lane, self._now, steps)
+            self._pump(lane, self._now, steps, budgeted=True)
+
+    def _tried(self, p: Publish) -> None:
+        """One more try of ``p`` (sent, or failed before anything was sent)."""
+        if p.tries:
+            self.stats.retries += 1
+        p.tries += 1
+
+    def _over_retries(self, p: Publish) -> bool:
+        return self._max_retries is not None and p.tries > self._max_retries
+
+    def _give_up(self, p: Publish, bound: str, steps: Steps, keep: bool = False) -> None:
+        """``p`` ends with a :class:`PublishError` (``bound``: what ended it)."""
+        request = p.request
+        lane = p.lane
+        partition = request.partition
+        if partition is None and lane is not None and isinstance(lane.target, int):
+            partition = lane.target
+        last = p.failure
+        if last is None and lane is not None and lane.queue and lane.queue[0] is not p:
+            last = lane.queue[0].failure  # what held the publishes before it
+        if bound == "overtaken":
+            cause = (
+                "nsqd refused it, and a publish sent after it to the same partition was "
+                "stored or may have been: not sent again, so that it is not stored after it"
+            )
+        elif bound == "publish_timeout":
+            cause = "timed out"
+            if p.tries == 0 and lane is not None and lane.queue and lane.queue[0] is not p:
+                cause += ", waiting behind earlier publishes of its partition"
+        else:
+            cause = f"reached {bound}"
+        unknown = p.maybe_stored
+        outcome = "; a try was sent and not answered: nsqd may have stored it" if unknown else ""
+        where = "" if partition is None else f" partition {partition}"
+        error = PublishError(
+            f"publish to {request.topic!r}{where} failed after {p.tries} tries ({cause}"
+            f"{outcome})" + (f": {last}" if last is not None else ""),
+            topic=request.topic,
+            partition=partition,
+            tries=p.tries,
+            outcome_unknown=unknown,
+        )
+        error.__cause__ = last
+        self._finish(p, error, steps, keep=keep)
+
+    def _finish(self, p: Publish, error: BaseException, steps: Steps, keep: bool = False) -> None:
+        """``p`` ends with ``error`` (counted unless it was refused before it was sent);
+        ``keep``: its try is still in flight (it becomes a zombie, not over)."""
+        if not (p.tries == 0 and isinstance(error, (ValidationError, UnsupportedFeatureError))):
+            self.stats.failed(len(p.request.bodies))
+        p.error = error
+        if keep:
+            self._pending -= 1
+            p.state = ZOMBIE
+        else:
+            self._done(p, steps)
+        steps.done.append(p)
+
+    def _done(self, p: Publish, steps: Steps) -> None:
+        if p.state != ZOMBIE:
+            self._pending -= 1
+        p.state = DONE
+
+    def _close_lane(self, lane: Lane, error: BaseException, steps: Steps) -> None:
+        while lane.queue:
+            p = lane.queue.popleft()
+            if p.state != DONE and p.state != ZOMBIE:
+                self._finish(p, error, steps)
+        lane.sending = lane.in_flight = 0
+
+    # ------------------------------------------------------------------ notes
+
+    def _note_failure(
+        self,
+        lane: Lane,
+        failure: BaseException,
+        head: Publish | None,
+        now: float,
+        steps: Steps,
+    ) -> None:
+        if self.verbose:
+            steps.notes.append(
+                (
+                    logging.DEBUG,
+                    "publish to %s (partition %s) failed on try %d (%s); retrying",
+                    (lane.topic, lane.target, head.tries if head else 0, failure),
+                )
+            )
+        since = lane.failing_since
+        if since is None or now - since < WARN_AFTER:
+            return
+        held = self._throttle.allow(("failing", lane.topic))
+        if held is None:
+            return
+        steps.notes.append(
+            (
+                logging.WARNING,
+                "publishes to %s have been failing for %.1f s (%d tries; last: %s); still "
+                "retrying, within publish_timeout%s",
+                (
+                    lane.topic,
+                    now - since,
+                    head.tries if head else 0,
+                    failure,
+                    LogThrottle.note(held, self._throttle.interval),
+                ),
+            )
+        )
+
+    def _note_move(self, lane: Lane, before: Route, after: Route, steps: Steps) -> None:
+        held = self._throttle.allow(("moved", lane.topic, after.partition))
+        if held is not None:
+            steps.notes.append(
+                (
+                    logging.INFO,
+                    "%s partition %d: the leader moved from %s to %s; publishing there%s",
+                    (
+                        lane.topic,
+                        after.partition,
+                        before.address,
+                        after.address,
+                        LogThrottle.note(held, self._throttle.interval),
+                    ),
+                )
+            )
+
+
+def _retriable(exc: BaseException) -> bool:
+    return isinstance(exc, NSQError) and exc.retriable
+
+
+def _refreshes(exc: BaseException) -> bool:
+    return isinstance(exc, NSQError) and exc.refresh_lookup
+
+
+def lane_key(lane: Lane) -> Hashable:
+    """A lane's identity in tests and logs."""
+    return (lane.topic, lane.target)

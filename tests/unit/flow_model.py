@@ -1,0 +1,323 @@
+"""A model of nsqd as the publish flow's unit tests need it: links that carry a producer's
+tries in order, nodes that lead partitions, a store per partition, and a driver that carries
+out the flow's steps, with no socket, loop or clock (the test moves the time)."""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from smartnsq.errors import ConnectionClosedError, NotLeaderError, NSQError, PubFailedError
+from smartnsq.protocol.lookupd import Node, TopicLayout, TopicMeta
+from smartnsq.protocol.responses import OK
+from smartnsq.publishing.flow import Publish, PublishFlow, Steps
+from smartnsq.publishing.request import NO_KEY, PublishRequest, plain_request
+from smartnsq.publishing.routes import Router
+from smartnsq.publishing.stamps import Stamp, parse_stamp
+from smartnsq.publishing.wire import PublishCodec
+from smartnsq.routing.sharding import Sharder
+
+TOPIC = "t"
+
+
+class Fixed:
+    """A backoff without jitter: ``step`` seconds after every failure."""
+
+    def __init__(self, step: float = 0.1) -> None:
+        self.step = step
+
+    def delay(self, failures: int) -> float:
+        return self.step
+
+
+def node(name: str) -> Node:
+    port = 4150 + 2 * (ord(name) - ord("a"))
+    return Node("127.0.0.1", port, port + 1, "0.3.7-HA.1.13.0")
+
+
+def layout(leaders: Mapping[int, str | None], *, ext: bool = True) -> TopicLayout:
+    """A write layout: partition -> its leader's name (None: not writable now)."""
+    return TopicLayout(
+        TOPIC,
+        "w",
+        partitions={p: node(n) for p, n in leaders.items() if n is not None},
+        meta=TopicMeta(partition_num=len(leaders), replica=2, extend_support=ext),
+        youzan=True,
+    )
+
+
+@dataclass(eq=False)
+class Link:
+    """One connection: the tries written on it and not yet read by nsqd, and nsqd's answers
+    not yet read by the client."""
+
+    key: tuple[str, str, int | None]
+    number: int
+    requests: deque[tuple[Publish, bytes]] = field(default_factory=deque)
+    answers: deque[tuple[Publish, bytes | NSQError]] = field(default_factory=deque)
+    alive: bool = True
+
+    @property
+    def address(self) -> str:
+        return self.key[0]
+
+    def __repr__(self) -> str:
+        return f"<Link {self.number} {self.address} p{self.key[2]}>"
+
+
+@dataclass
+class Stored:
+    """A message nsqd stored: which publish, its stamp, in which partition."""
+
+    publish: Publish
+    stamp: Stamp | None
+    partition: int
+
+
+class World:
+    """The flow, its driver and the model cluster."""
+
+    def __init__(
+        self,
+        partitions: int = 2,
+        *,
+        ext: bool = True,
+        max_retries: int | None = None,
+        step: float = 0.1,
+        lane_depth: int = 256,
+        per_turn: int = 256,
+        sharder: Callable[[Any, int], int] | None = None,
+    ) -> None:
+        self.now = 0.0
+        self.leaders: dict[int, str | None] = {p: "abc"[p % 3] for p in range(partitions)}
+        self.ext = ext
+        # What nsqlookupd says (truth) and what the client has cached from it (layouts).
+        self.truth: dict[str, TopicLayout] = {TOPIC: layout(self.leaders, ext=ext)}
+        self.layouts: dict[str, TopicLayout] = dict(self.truth)
+        self.writable: dict[int, bool] = {p: True for p in range(partitions)}
+        self.partitions = partitions
+        self.router = Router(Sharder(sharder or _modulo), start=lambda: 0)
+        self.flow = PublishFlow(
+            self.router,
+            PublishCodec(),
+            layouts=self.layouts.get,
+            delays=Fixed(step),
+            max_retries=max_retries,
+            request_timeout=10.0,
+            producer_id="p1",
+            lane_depth=lane_depth,
+            per_turn=per_turn,
+        )
+        self.links: list[Link] = []
+        self.connecting: list[tuple[str, str, int | None]] = []
+        self.lookups: list[str] = []
+        self.stored: list[Stored] = []
+        self.sent: list[tuple[Publish, Link]] = []
+        self.unanswered: dict[int, list[Link]] = {}  # per publish: its tries never answered
+        self.zombies: set[int] = set()  # publishes seen in flight past their deadline
+        # (a, b): nsqd refused a and stored b right after it on one link, and the client
+        # never read the refusal (the link died first): an order nsqd itself broke, which
+        # no client can tell from a lost try
+        self.inversions: set[tuple[int, int]] = set()
+        self.done: list[Publish] = []
+        self.calls: list[Publish] = []
+        self.more = False
+        self.notes: list[tuple[int, str, tuple[Any, ...]]] = []
+
+    # ------------------------------------------------------------------ the driver
+
+    def act(self, steps: Steps) -> Steps:
+        for p, link, _command, data in steps.sends:
+            if not link.alive:  # pragma: no cover - the flow never picks a dead link
+                raise AssertionError(f"{p} sent on a dead link")
+            link.requests.append((p, data))
+            self.sent.append((p, link))
+            self.unanswered.setdefault(id(p), []).append(link)
+        self.connecting.extend(key for key in steps.connect if key not in self.connecting)
+        self.lookups.extend(steps.lookup)
+        self.done.extend(steps.done)
+        self.notes.extend(steps.notes)
+        self.more = self.more or steps.more
+        return steps
+
+    def publish(
+        self, key: Any = NO_KEY, *, timeout: float = 5.0, body: bytes = b"x", partition=None
+    ) -> Publish:
+        request = plain_request(TOPIC, body, partition, key)
+        p, steps = self.flow.submit(request, self.now, self.now + timeout, waiter=object())
+        self.calls.append(p)
+        self.act(steps)
+        return p
+
+    def submit(self, request: PublishRequest, timeout: float = 5.0) -> Publish:
+        p, steps = self.flow.submit(request, self.now, self.now + timeout, waiter=object())
+        self.calls.append(p)
+        self.act(steps)
+        return p
+
+    def connect(self, index: int = 0, *, ok: bool = True) -> Link | None:
+        """Finish the ``index``-th connect asked for: open, or refused."""
+        key = self.connecting.pop(index)
+        if not ok:
+            error = ConnectionClosedError("cannot connect: refused", key[0])
+            self.act(self.flow.link_failed(key, error, self.now))
+            return None
+        link = Link(key, len(self.links))
+        self.links.append(link)
+        self.act(self.flow.link_up(key, link, True, self.now))
+        return link
+
+    def connect_all(self) -> None:
+        while self.connecting:
+            self.connect()
+
+    def answer_lookups(self) -> None:
+        """nsqlookupd answers the lookups asked for: the client caches what it says."""
+        while self.lookups:
+            topic = self.lookups.pop(0)
+            if topic in self.truth:
+                self.layouts[topic] = self.truth[topic]
+            self.act(self.flow.layout_changed(topic, self.now))
+
+    def look_up(self) -> None:
+        """A lookup of the topic answers (the periodic poll, or a round for those that
+        wait): the client caches what nsqlookupd says."""
+        self.layouts[TOPIC] = self.truth[TOPIC]
+        self.act(self.flow.layout_changed(TOPIC, self.now))
+
+    def resume(self) -> None:
+        while self.more:
+            self.more = False
+            self.act(self.flow.resume(self.now))
+
+    def advance(self, seconds: float) -> None:
+        """Move the time by ``seconds``, telling the flow at each of its deadlines."""
+        until = self.now + seconds
+        while True:
+            at = self.flow.next_deadline()
+            if at is None or at > until:
+                break
+            self.now = max(self.now, at)
+            self.act(self.flow.tick(self.now))
+            self.zombies.update(id(p) for p in self.calls if p.state == 4)  # ZOMBIE
+            self.resume()
+        self.now = until
+
+    # ------------------------------------------------------------------ the model nsqd
+
+    def process(self, link: Link, count: int = 1, *, fail: bool = False) -> int:
+        """nsqd reads ``count`` tries of ``link`` (in order) and answers each: stored, or
+        refused (not the leader, not writable, or ``fail``: E_PUB_FAILED)."""
+        done = 0
+        while link.requests and done < count:
+            p, data = link.requests.popleft()
+            link.answers.append((p, self._handle(link, p, data, fail)))
+            done += 1
+        return done
+
+    def _handle(self, link: Link, p: Publish, data: bytes, fail: bool) -> bytes | NSQError:
+        partition = link.key[2]
+        assert partition is not None
+        if self.leaders.get(partition) is None or node(self.leaders[partition]).tcp_address != (
+            link.address
+        ):
+            return NotLeaderError("E_FAILED_ON_NOT_LEADER ", fatal=False)
+        if not self.writable[partition] or fail:
+            return PubFailedError("E_PUB_FAILED write failed", fatal=False)
+        self.stored.append(Stored(p, _stamp_of(data), partition))
+        return OK
+
+    def deliver(self, link: Link, count: int = 1) -> None:
+        """The client reads ``count`` of ``link``'s answers."""
+        for _ in range(count):
+            if not link.answers or not link.alive:
+                return
+            p, outcome = link.answers.popleft()
+            self.unanswered[id(p)].remove(link)
+            if isinstance(outcome, NSQError):
+                self.act(self.flow.refused(p, outcome, self.now))
+            else:
+                self.act(self.flow.answered(p, outcome, self.now))
+
+    def roundtrip(self, link: Link | None = None) -> None:
+        """Every link (or ``link``) processes and answers everything, connects and lookups
+        finish: a healthy cluster, until nothing is left to do."""
+        for _ in range(1000):
+            busy = bool(self.connecting or self.lookups or self.more)
+            self.connect_all()
+            self.answer_lookups()
+            self.resume()
+            for each in list(self.links) if link is None else [link]:
+                if each.alive and (each.requests or each.answers):
+                    busy = True
+                    self.process(each, len(each.requests))
+                    self.deliver(each, len(each.answers))
+            if not busy:
+                return
+        raise AssertionError("the flow never settled")  # pragma: no cover
+
+    def kill(self, link: Link, *, processed: int = 0) -> list[tuple[Publish, bytes]]:
+        """``link`` dies: nsqd had read ``processed`` more of its tries (stored or refused,
+        never answered); the client loses every try in flight on it, in order. Returns the
+        tries still held (a proxy may deliver them later: :meth:`late`)."""
+        self.process(link, processed)
+        unread = list(link.answers)
+        for index, (a, outcome) in enumerate(unread):
+            if isinstance(outcome, NSQError):
+                for b, later in unread[index + 1 :]:
+                    if not isinstance(later, NSQError):
+                        self.inversions.add((id(a), id(b)))
+        link.answers.clear()
+        held = list(link.requests)
+        link.requests.clear()
+        link.alive = False
+        self.flow.link_down(link)
+        error = ConnectionClosedError("connection lost", link.address)
+        for p, _ in [*self.in_flight(link)]:
+            self.act(self.flow.lost(p, error, self.now))
+        return held
+
+    def in_flight(self, link: Link) -> list[tuple[Publish, Link]]:
+        """The tries the flow still has in flight on ``link`` (in the order sent)."""
+        return [
+            (p, each)
+            for p, each in self.sent
+            if each is link and p.link is link and p.state in (1, 4)  # SENT, ZOMBIE
+        ]
+
+    def late(self, link: Link, held: list[tuple[Publish, bytes]]) -> None:
+        """What a dead link held reaches nsqd after all (a proxy that delivered it late)."""
+        for p, data in held:
+            self._handle(link, p, data, False)
+
+    def move(self, partition: int, leader: str | None) -> None:
+        """The partition's leader changes (None: no writable leader for now); nsqlookupd
+        says so at the next lookup."""
+        self.leaders[partition] = leader
+        self.truth[TOPIC] = layout(self.leaders, ext=self.ext)
+
+    # ------------------------------------------------------------------ what nsqd holds
+
+    def partition_of(self, key: Any) -> int:
+        return self.router.sharder.partition_for(key, self.partitions)
+
+    def stored_in(self, partition: int) -> list[Stored]:
+        return [s for s in self.stored if s.partition == partition]
+
+
+def _modulo(key: Any, partition_num: int) -> int:
+    return int(key) % partition_num
+
+
+def _stamp_of(data: bytes) -> Stamp | None:
+    """The stamp in a PUB_EXT's header (None for a plain PUB)."""
+    if not data.startswith(b"PUB_EXT"):
+        return None
+    start = data.index(b"\n") + 1 + 4
+    length = int.from_bytes(data[start : start + 2], "big")
+    header = data[start + 2 : start + 2 + length]
+    json.loads(header)  # it is JSON
+    return parse_stamp(header)
