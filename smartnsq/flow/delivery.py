@@ -35,8 +35,10 @@ from smartnsq.errors import ValidationError
 from smartnsq.flow.backoff import check_seconds, requeue_delay
 from smartnsq.flow.ordering import PartitionSequence
 from smartnsq.flow.rdy import Outcome, RdyController
+from smartnsq.flow.replays import ReplayFilter
 from smartnsq.protocol import commands
 from smartnsq.protocol.message import MessageFrame
+from smartnsq.publishing.stamps import Stamp, parse_stamp
 
 __all__ = [
     "ANSWER",
@@ -105,13 +107,15 @@ class Lane:
 
 class Delivery(MessageFrame):
     """A message frame as a consumer tracks it: the :class:`Lane` it came by, whether it
-    has been answered, and whether an ordered requeue is waiting out its delay."""
+    has been answered, whether an ordered requeue is waiting out its delay, and (ordered)
+    the producer's sequence stamp it was taken with."""
 
-    __slots__ = ("lane", "responded", "waiting")
+    __slots__ = ("lane", "responded", "stamp", "waiting")
 
     lane: Lane
     responded: bool
     waiting: bool
+    stamp: Stamp | None
 
 
 L = TypeVar("L", bound=Lane)
@@ -181,6 +185,7 @@ class DeliveryCounts:
         "replays_skipped",
         "requeued",
         "retired_finished",
+        "stamped_replays",
     )
 
     def __init__(self) -> None:
@@ -191,6 +196,9 @@ class DeliveryCounts:
         self.lost_answers = 0  # answers not sent: their connection had closed
         self.duplicates = 0  # copies of a delivery in flight here, or just answered
         self.replays_skipped = 0  # ordered: redeliveries of finished messages, FINed unhandled
+        # ordered: messages a producer's stamp says were taken already (stored twice, or
+        # stored after the producer gave up on them), FINed unhandled
+        self.stamped_replays = 0
         self.order_violations = 0
         self.channel_moves = 0  # ordered: a channel seen moved (a seek), order checked anew
         # FINs per partition of the lanes that are gone (live lanes count their own)
@@ -234,7 +242,12 @@ class DeliveryLedger(Generic[L]):
     (keyed by lanes) is driven by the ledger's events; its RDY counts come back in the
     decisions."""
 
-    def __init__(self, rdy: RdyController[L], options: DeliveryOptions = DeliveryOptions()) -> None:
+    def __init__(
+        self,
+        rdy: RdyController[L],
+        options: DeliveryOptions = DeliveryOptions(),
+        replays: ReplayFilter | None = None,
+    ) -> None:
         self.rdy = rdy
         self.options = options
         # read per message
@@ -245,6 +258,9 @@ class DeliveryLedger(Generic[L]):
         self.accepting = True  # False once closing: what arrives goes back to nsqd
         self.lanes: dict[L, None] = {}  # lanes not lost, in the order they came
         self._sequence = PartitionSequence()
+        #: Ordered: the producers' sequence stamps taken, per partition (restored from a
+        #: snapshot by a consumer that keeps it across restarts).
+        self.replays = replays if replays is not None else ReplayFilter()
         # an iterated ordered lane's turn ends with the answer (no handler to return)
         self._turn_ends_with_answer = options.iterating and options.ordered
         self._rdy_on_message = rdy.on_message  # bound once: called per message
@@ -357,6 +373,7 @@ class DeliveryLedger(Generic[L]):
         pending.add(message_id)
         delivery.lane = lane
         delivery.responded = False
+        delivery.stamp = None
         self.counts.received += 1
         self.in_flight += 1
         lane.in_flight += 1
@@ -396,6 +413,7 @@ class DeliveryLedger(Generic[L]):
                 moved_from = sequence.moved_from(partition, lane, offset, replay)
                 if moved_from is not None:  # a seek: what follows is the user's new start
                     sequence.restart(partition)
+                    self.replays.restart(partition)
                     self.counts.channel_moves += 1
                     replay = False
             if replay:
@@ -417,6 +435,16 @@ class DeliveryLedger(Generic[L]):
                         decision = self._answered(ANSWER, delivery, command, "neutral", rdy)
                         decision.violation = violation
                         return decision
+        if delivery.ext_raw:
+            stamp = parse_stamp(delivery.ext_raw)
+            if stamp is not None:
+                if not self.replays.claim(partition, stamp):
+                    # A copy of a message taken already (or one its producer gave up on,
+                    # delivered late): FINed, never handed over twice.
+                    self.counts.stamped_replays += 1
+                    command = commands.fin(delivery.id)
+                    return self._answered(ANSWER, delivery, command, "neutral", rdy, tally=False)
+                delivery.stamp = stamp
         if lane.current is not None:
             lane.queue.append(delivery)
             verdict, shared = HOLD, _HOLD
@@ -436,6 +464,7 @@ class DeliveryLedger(Generic[L]):
         ordered, its sequence starts anew with the next delivery, replays included."""
         if self.ordered:
             self._sequence.restart(partition)
+            self.replays.restart(partition)
             self.counts.channel_moves += 1
 
     # ------------------------------------------------------------------ answers
@@ -599,6 +628,12 @@ class DeliveryLedger(Generic[L]):
         offset, size = delivery.offset, delivery.raw_size
         if is_fin and offset is not None and size is not None:
             self._sequence.finished(lane.partition, offset, size, delivery.timestamp)
+        stamp = delivery.stamp
+        if stamp is not None:
+            if is_fin:
+                self.replays.finish(lane.partition, stamp)
+            else:
+                self.replays.release(lane.partition, stamp)  # it comes back: news again
 
     def _settle(self, delivery: Delivery, command: bytes, outcome: Outcome) -> Answer[L]:
         """``command`` answers ``delivery``: the bytes alone when sending them on its lane is
