@@ -419,6 +419,15 @@ class Dispatcher:
     def _give_up(self, message: Message, attempts_run: int) -> None:
         """Give up on ``message``, whose handler ran ``attempts_run`` times (counted by
         nsqd's attempts: the delivery that arrives past max_attempts does not run)."""
+        path = self.options.dead_letter_path
+        if path is not None and not write_dead_letter(message, Path(path), attempts_run):
+            # Finishing it unrecorded would lose it (the error is logged): back to nsqd with
+            # the requeue policy's delay, to be given up again (and written, once the file
+            # takes it) when it comes back. on_giving_up is for messages given up for good.
+            answer = self._ledger().requeue(message, None, backoff=False)
+            if answer is not None:
+                self._requeued(message, answer)
+            return
         self.telemetry.count("given_up", 1, self.metric_attributes)
         log.warning(
             "%s: giving up on message %s after %d attempts",
@@ -426,9 +435,6 @@ class Dispatcher:
             message.id.hex(),
             attempts_run,
         )
-        path = self.options.dead_letter_path
-        if path is not None:
-            write_dead_letter(message, Path(path), attempts_run)
         callback = self.options.on_giving_up
         if callback is not None:
             try:
