@@ -672,9 +672,10 @@ class Dispatcher:
         if self._drained is not None and self.outstanding() <= 0:
             self._drained.set()
 
-    async def shutdown(self) -> None:
+    async def shutdown(self, handler_timeout: float = 5.0) -> None:
         """Cancel and await the dispatcher's tasks (never the one running this), stop the
-        timer, wake the iterator, and let handler threads finish."""
+        timer, wake the iterator, and let handler threads finish (waiting up to
+        ``handler_timeout`` for them)."""
         if self._tick_handle is not None:
             self._tick_handle.cancel()
             self._tick_handle = None
@@ -686,7 +687,7 @@ class Dispatcher:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        if self.runner is not None and not await self.runner.close():
+        if self.runner is not None and not await self.runner.close(handler_timeout):
             log.warning("%s: handler threads still running after close", self.topic)
         waiter = self._inbox_waiter
         if waiter is not None and not waiter.done():

@@ -88,15 +88,19 @@ class HandlerRunner:
     async def close(self, timeout: float = 5.0) -> bool:
         """Let handlers still running in threads finish, without blocking the loop (what
         waits for a thread is handed back unhandled: ``done(message, CancelledError)``);
-        whether they did within ``timeout``."""
+        whether they did within ``timeout`` (0: do not wait). A handler still running
+        after that finishes in its thread, which then exits."""
         pool, self._pool = self._pool, None
         if pool is None:
             return True
-        try:
-            await asyncio.wait_for(pool.shutdown(), timeout)
-        except TimeoutError:
+        exited = pool.shutdown()
+        if exited is None or exited.done():
+            return True
+        if timeout <= 0:
             return False
-        return True
+        # asyncio.wait, not wait_for: the future stays for the threads to set later
+        done, _ = await asyncio.wait((exited,), timeout=timeout)
+        return bool(done)
 
     def starter(self, done: Done) -> Callable[[Message], None]:
         """What starts the handler on a message (``done`` is called when it is over): the
@@ -341,18 +345,17 @@ class _ThreadPool:
         if self._exited is not None and not self._exited.done():
             self._exited.set_result(None)
 
-    async def shutdown(self) -> None:
-        """What waits for a thread is handed back (``done(message, CancelledError)``), the
-        handlers running finish, and the threads exit."""
+    def shutdown(self) -> asyncio.Future[None] | None:
+        """What waits for a thread is handed back (``done(message, CancelledError)``) now,
+        and the threads exit once their running handlers finish: the future returned is
+        set then (None: no thread is running)."""
         self._closing = True
         pending, self._batch = self._batch, []
         with self._lock:
             while self._work:
                 pending.append(self._work.popleft())
             self._wake.notify_all()
-            running = self._running
-            if running:
+            if self._running:
                 self._exited = self._loop.create_future()
         self._cancel(pending)
-        if running and self._exited is not None:
-            await asyncio.shield(self._exited)
+        return self._exited

@@ -6,6 +6,7 @@ import asyncio
 import gzip
 import json
 import random
+import threading
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -418,6 +419,32 @@ async def test_reconnects_after_dropped_connections(cluster: Cluster) -> None:
     calls = await _consume_through(cluster, 400, fault)
     _assert_each_finished_once(cluster, "events", 400)
     _assert_handled_as_delivered(cluster, "events", calls)
+
+
+async def test_close_timeout_bounds_a_stuck_plain_function_handler(cluster: Cluster) -> None:
+    """close(timeout=0.5) with a plain-function handler stuck in its thread used to give the
+    thread 5 s more after the drain. The bound is timeout; the wait below allows 3 s of a
+    loaded machine's delays, less than those 5 s."""
+    entered = threading.Event()
+    release = threading.Event()
+
+    def stuck(message: Message) -> None:
+        entered.set()
+        release.wait(30)
+
+    consumer = _consumer(cluster, handler=stuck)
+    await consumer.start()
+    await _publish(cluster, "events", 1)
+    loop = asyncio.get_running_loop()
+    assert await loop.run_in_executor(None, entered.wait, 10)
+    closing = asyncio.ensure_future(consumer.close(timeout=0.5))
+    try:
+        done, _ = await asyncio.wait({closing}, timeout=3.5)
+        assert done, "close(timeout=0.5) still running after 3.5 s"
+    finally:
+        release.set()
+        await closing
+    assert cluster.in_flight("events", "c") <= 1  # unanswered: nsqd redelivers it
 
 
 async def test_drain_under_load(cluster: Cluster) -> None:

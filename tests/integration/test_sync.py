@@ -911,3 +911,28 @@ def test_plain_script_in_a_subprocess(tc: ThreadedCluster) -> None:
     log = _log(tc)
     assert b"script-1" in log[out["single"]]
     assert log[1][-2:] == [b"script-2", b"script-3"]
+
+
+def test_close_timeout_bounds_a_stuck_plain_function_handler(tc: ThreadedCluster) -> None:
+    """close(timeout=0.5) with the handler stuck in its thread used to take 5 s more (the
+    handler threads' own wait, and the CLS wait on top of timeout). The wait below allows
+    3 s of a loaded machine's delays, less than those 5 s."""
+    entered = threading.Event()
+    release = threading.Event()
+
+    def stuck(message: sync.Message) -> None:
+        entered.set()
+        release.wait(WAIT)
+
+    consumer = _consumer(tc, handler=stuck)
+    consumer.start()
+    _publish(tc, 1)
+    assert entered.wait(WAIT)
+    closer = _start_thread(lambda: consumer.close(timeout=0.5), "closer")
+    try:
+        closer.join(3.5)
+        assert not closer.is_alive(), "close(timeout=0.5) still running after 3.5 s"
+    finally:
+        release.set()
+        closer.join(WAIT)
+    assert _threads_named("smartnsq-consumer-loop") == []

@@ -230,3 +230,34 @@ async def test_a_returned_coroutine_that_raises_fails_its_message() -> None:
     assert isinstance(outcome[_message(0).id], ValueError)
     assert outcome[_message(1).id] is None
     assert await runner.close()
+
+
+async def test_close_with_no_time_left_returns_at_once_and_the_threads_still_exit() -> None:
+    """A consumer's close() gives the threads what is left of its timeout, possibly nothing:
+    the waiting work is handed back at once, close returns without waiting, and the thread
+    exits once its handler returns."""
+    loop = asyncio.get_running_loop()
+    entered = threading.Event()
+    release = threading.Event()
+
+    def handler(message: Message) -> None:
+        entered.set()
+        release.wait(10)
+
+    runner = _runner(handler, threads=1)
+    runner.start(loop)
+    results = Results(2)
+    start = runner.starter(results)
+    start(_message(0))
+    start(_message(1))
+    assert await loop.run_in_executor(None, entered.wait, 10)
+    workers = [t for t in threading.enumerate() if t.name.startswith("smartnsq-t_")]
+    assert len(workers) == 1
+    assert not await runner.close(timeout=0)
+    assert [(m.id, type(exc)) for m, exc in results.seen] == [
+        (_message(1).id, asyncio.CancelledError)
+    ]
+    release.set()
+    await asyncio.wait_for(results.all_done, 10)
+    await loop.run_in_executor(None, workers[0].join, 10)
+    assert not workers[0].is_alive()
