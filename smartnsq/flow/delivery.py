@@ -37,6 +37,7 @@ from smartnsq.flow.ordering import PartitionSequence
 from smartnsq.flow.rdy import Outcome, RdyController
 from smartnsq.protocol import commands
 from smartnsq.protocol.message import MessageFrame
+from smartnsq.protocol.validation import MAX_REQ_DELAY_MS
 
 __all__ = [
     "ANSWER",
@@ -54,6 +55,7 @@ __all__ = [
     "DeliveryLedger",
     "DeliveryOptions",
     "Lane",
+    "check_requeue_delay",
 ]
 
 # What became of a delivery just received (Decision.verdict of DeliveryLedger.receive), or
@@ -197,6 +199,17 @@ class DeliveryCounts:
         self.retired_finished: dict[int | None, int] = {}
 
 
+def check_requeue_delay(field: str, delay: object) -> float:
+    """A requeue delay in seconds: 0 up to what nsqd takes in a REQ (youzan's
+    ``max_req_timeout``, 3 days; classic nsqd caps it at its own, 1 h by default)."""
+    seconds = check_seconds(field, delay, positive=False)
+    if seconds > MAX_REQ_DELAY_MS / 1000:
+        raise ValidationError(
+            field, f"must be 0..{MAX_REQ_DELAY_MS // 1000} seconds (3 days), got {delay!r}"
+        )
+    return seconds
+
+
 @dataclass(frozen=True, kw_only=True)
 class DeliveryOptions:
     """The delivery policy of one consumer, checked once when made.
@@ -224,9 +237,17 @@ class DeliveryOptions:
     def __post_init__(self) -> None:
         if type(self.max_attempts) is not int or self.max_attempts < 1:
             raise ValidationError("max_attempts", "must be an int >= 1")
-        for name in ("requeue_delay", "max_requeue_delay"):
-            seconds = check_seconds(name, getattr(self, name), positive=False)
-            object.__setattr__(self, name, seconds)
+        object.__setattr__(
+            self,
+            "requeue_delay",
+            check_seconds("requeue_delay", self.requeue_delay, positive=False),
+        )
+        # the cap of every policy delay: one nsqd takes, or a failed handler's REQ would fail
+        object.__setattr__(
+            self,
+            "max_requeue_delay",
+            check_requeue_delay("max_requeue_delay", self.max_requeue_delay),
+        )
 
 
 class DeliveryLedger(Generic[L]):
@@ -481,8 +502,8 @@ class DeliveryLedger(Generic[L]):
             delay = requeue_delay(
                 delivery.attempts, options.requeue_delay, options.max_requeue_delay
             )
-        elif delay < 0:
-            raise ValidationError("delay", "must be >= 0 seconds")
+        else:
+            delay = check_requeue_delay("delay", delay)
         if self.ordered and delay > 0:
             delivery.waiting = True
             decision: Decision[L] = Decision()

@@ -42,7 +42,10 @@ class ConnectionPool:
         factory: ConnectionFactory | None = None,
     ) -> None:
         if type(connections_per_key) is not int or connections_per_key < 1:
-            raise ValidationError("connections_per_key", "must be an int >= 1")
+            # a key is a partition (or a classic nsqd): named as the Producer's argument
+            raise ValidationError(
+                "connections_per_partition", f"must be an int >= 1, not {connections_per_key!r}"
+            )
         self.config = config
         self.connections_per_key = connections_per_key
         self._factory = factory or (lambda address, cfg: Connection(address, cfg))

@@ -421,6 +421,21 @@ async def test_reconnects_after_dropped_connections(cluster: Cluster) -> None:
     _assert_handled_as_delivered(cluster, "events", calls)
 
 
+async def test_a_requeue_delay_error_is_in_seconds(cluster: Cluster) -> None:
+    """message.requeue(delay=) past what nsqd takes (3 days) said milliseconds; it says
+    seconds, and the message can still be answered."""
+    async with _consumer(cluster) as consumer:
+        await _publish(cluster, "events", 1)
+        [message] = await consumer.getmany(1, timeout=10)
+        with pytest.raises(e.ValidationError) as raised:
+            await message.requeue(delay=4 * 24 * 3600)
+        assert raised.value.field == "delay"
+        assert "259200 seconds" in str(raised.value)
+        assert " ms" not in str(raised.value)
+        await message.finish()
+        await cluster.wait_for(lambda: cluster.unfinished("events", "c") == 0)
+
+
 async def test_close_timeout_bounds_a_stuck_plain_function_handler(cluster: Cluster) -> None:
     """close(timeout=0.5) with a plain-function handler stuck in its thread used to give the
     thread 5 s more after the drain. The bound is timeout; the wait below allows 3 s of a

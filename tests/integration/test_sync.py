@@ -936,3 +936,34 @@ def test_close_timeout_bounds_a_stuck_plain_function_handler(tc: ThreadedCluster
         release.set()
         closer.join(WAIT)
     assert _threads_named("smartnsq-consumer-loop") == []
+
+
+@pytest.mark.parametrize(
+    ("field", "options", "text"),
+    [
+        ("lookupd", {"lookupd": []}, "at least one nsqlookupd address"),
+        ("lookupd", {"lookupd": ["ftp://127.0.0.1:4161"]}, "http or https"),
+        ("lookupd_poll_interval", {"lookupd_poll_interval": 0}, "seconds"),
+        ("heartbeat_interval", {"heartbeat_interval": 61}, "1..60 seconds"),
+    ],
+    ids=["lookupd-empty", "lookupd-scheme", "poll", "heartbeat"],
+)
+def test_argument_errors_name_the_argument_in_its_unit(
+    field: str, options: dict[str, Any], text: str
+) -> None:
+    """The facade raises the async clients' errors unchanged: the argument's name, in its
+    unit, and no loop thread left behind (the no_leaked_threads fixture)."""
+    options = {"lookupd": ["http://127.0.0.1:4161"], **options}
+    clients: list[Callable[[], Any]] = [
+        lambda: sync.Producer(**options),
+        lambda: sync.Consumer("orders", "c", **options),
+    ]
+    for make in clients:
+        with pytest.raises(e.ValidationError) as raised:
+            make()
+        assert raised.value.field == field
+        assert text in str(raised.value)
+        assert " ms" not in str(raised.value)
+    with pytest.raises(e.ValidationError) as raised:
+        sync.Producer(lookupd=["http://127.0.0.1:4161"], connections_per_partition=0)
+    assert raised.value.field == "connections_per_partition"
