@@ -240,7 +240,6 @@ class Consumer:
         except BaseException:
             await self._shutdown_now()
             raise
-        dispatcher.wanted_subscriptions = len(subscriber.wanted)
         if self._fatal is None and self._nsqd and not subscriber.subs:
             error = subscriber.last_connect_error or ConnectionClosedError(
                 "no nsqd accepted the subscription", ", ".join(self._nsqd)

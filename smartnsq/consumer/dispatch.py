@@ -174,6 +174,10 @@ class Dispatcher:
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
+    def wants(self, subscriptions: int) -> None:
+        """The subscriber wants this many subscriptions (the low-RDY warning counts them)."""
+        self.wanted_subscriptions = subscriptions
+
     def subscribed(self, sub: Subscription) -> None:
         """A new subscription gets its share of the flow."""
         self.connects += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
 import random
 import threading
 from collections import Counter, defaultdict
@@ -419,6 +420,21 @@ async def test_reconnects_after_dropped_connections(cluster: Cluster) -> None:
     calls = await _consume_through(cluster, 400, fault)
     _assert_each_finished_once(cluster, "events", 400)
     _assert_handled_as_delivered(cluster, "events", calls)
+
+
+@pytest.mark.parametrize("max_in_flight", [1, 2])
+async def test_the_low_max_in_flight_warning_counts_every_partition(
+    cluster: Cluster, max_in_flight: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It counted the subscriptions open when it was said, one more than max_in_flight
+    ("below the 2 partitions" on a 4-partition topic): the subscriber now tells what it
+    wants before it subscribes."""
+    with caplog.at_level(logging.WARNING, logger="smartnsq.consumer"):
+        async with _consumer(cluster, max_in_flight=max_in_flight) as consumer:
+            await cluster.wait_for(lambda: consumer.stats().connections == 4)
+    warnings = [r.getMessage() for r in caplog.records if "take turns" in r.getMessage()]
+    assert len(warnings) == 1
+    assert f"max_in_flight={max_in_flight} is below the 4 partitions" in warnings[0]
 
 
 async def test_a_requeue_delay_error_is_in_seconds(cluster: Cluster) -> None:
