@@ -116,10 +116,11 @@ class Admin:
         if isinstance(lookupd, str) or isinstance(nsqd_http, str):
             raise ValidationError("lookupd", "lookupd and nsqd_http take lists of addresses")
         addresses = list(lookupd if lookupd is not None else nsqd_http or ())
+        given = "lookupd" if lookupd is not None else "nsqd_http"
         if not addresses:
-            raise ValidationError("lookupd" if lookupd is not None else "nsqd_http", "is empty")
+            raise ValidationError(given, "is empty")
         # nsqd HTTP addresses have the same shape as lookupd ones (host:port or a URL).
-        bases = list(dict.fromkeys(normalize_seed(address)[1] for address in addresses))
+        bases = list(dict.fromkeys(normalize_seed(address, given)[1] for address in addresses))
         self._lookupds = bases if lookupd is not None else []
         self._nsqds = bases if nsqd_http is not None else []
         if type(timeout) not in (int, float) or not timeout > 0:

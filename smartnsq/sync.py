@@ -51,6 +51,7 @@ from smartnsq.consumer.consumer import Consumer as AsyncConsumer
 from smartnsq.consumer.consumer import ConsumerStats, is_coroutine_function
 from smartnsq.consumer.message import Message as AsyncMessage
 from smartnsq.errors import ClientClosedError, NSQTimeoutError
+from smartnsq.flow.backoff import check_seconds
 from smartnsq.producer.blocking import BlockingPublisher
 from smartnsq.producer.producer import Producer as AsyncProducer
 from smartnsq.producer.producer import ProducerStats
@@ -460,14 +461,15 @@ class Consumer(_Client):
         self._wait_closed()
 
     def close(self, timeout: float | None = None) -> None:
-        """Drain (see :meth:`smartnsq.Consumer.close`; ``timeout`` None: its default), then
-        stop the loop thread. Idempotent. Raises the error that stopped the consumer unless
-        :meth:`run` or the iteration already raised it."""
-        drain = _DRAIN_TIMEOUT if timeout is None else timeout
-        seconds = drain if isinstance(drain, (int, float)) and drain > 0 else 0.0
-        # close() sends CLS (2 s at most per connection) before it drains
-        bound = seconds + 2.0 + _GRACE
-        error = self._close(lambda: self._consumer.close(drain), bound)
+        """Drain (see :meth:`smartnsq.Consumer.close`; ``timeout`` None: its default, and
+        the bound of the drain as there), then stop the loop thread. Idempotent. Raises the
+        error that stopped the consumer unless :meth:`run` or the iteration already raised
+        it."""
+        drain = _DRAIN_TIMEOUT
+        if timeout is not None:
+            drain = check_seconds("timeout", timeout, positive=False)
+        # the async close() keeps within the drain time; the grace is for a blocked loop
+        error = self._close(lambda: self._consumer.close(drain), drain + _GRACE)
         if error is not None and error is not self._reported:
             raise error
 

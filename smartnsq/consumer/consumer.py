@@ -62,6 +62,11 @@ __all__ = [
 
 log = logging.getLogger("smartnsq.consumer")
 
+# The longest close() waits for nsqd's answers to CLS (within its timeout).
+CLS_TIMEOUT = 2.0
+# How long a consumer that stops without close() (a failed start) waits for handler threads.
+HANDLER_THREADS_TIMEOUT = 5.0
+
 
 @dataclass
 class ConsumerStats:
@@ -235,7 +240,6 @@ class Consumer:
         except BaseException:
             await self._shutdown_now()
             raise
-        dispatcher.wanted_subscriptions = len(subscriber.wanted)
         if self._fatal is None and self._nsqd and not subscriber.subs:
             error = subscriber.last_connect_error or ConnectionClosedError(
                 "no nsqd accepted the subscription", ", ".join(self._nsqd)
@@ -267,9 +271,11 @@ class Consumer:
         await asyncio.shield(self._done)
 
     async def close(self, timeout: float = 10.0) -> None:
-        """Drain: stop new deliveries (RDY 0, CLS), let running handlers finish and answer
-        (up to ``timeout``), then close. Messages not answered by then are redelivered by
-        nsqd to other consumers."""
+        """Drain: stop new deliveries (RDY 0, CLS), let running handlers finish and answer,
+        then close; ``timeout`` bounds it all (nsqd's answers to CLS, the handlers, plain
+        functions' threads). Messages not answered by then are redelivered by nsqd to
+        other consumers; a plain function still running finishes in its thread."""
+        timeout = check_seconds("timeout", timeout, positive=False)
         if self._state in ("closing", "closed"):
             if self._done is not None and not self._done.done():
                 await asyncio.wait([self._done])  # join() is where a failure is raised
@@ -277,31 +283,41 @@ class Consumer:
         if self._state == "new":
             self._set_state("closed")
             return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+
+        def left() -> float:
+            return max(0.0, deadline - loop.time())
+
         self._set_state("closing")
         self._subscriber.stop()
         self._dispatcher.close()
-        await self._send_cls()
-        await self._dispatcher.wait_drained(timeout)
-        await self._shutdown_now()
+        await self._send_cls(min(CLS_TIMEOUT, left()))
+        await self._dispatcher.wait_drained(left())
+        await self._shutdown_now(left())
 
-    async def _send_cls(self) -> None:
+    async def _send_cls(self, timeout: float) -> None:
+        """CLS on every open subscription; their answers awaited up to ``timeout`` (0: not
+        sent: the connections close at once)."""
+        if timeout <= 0:
+            return
         futures = []
         for sub in list(self._subscriber.subs.values()):
             if sub.conn.is_open:
                 try:
-                    futures.append(sub.conn.request_future(commands.cls(), "CLS", timeout=2.0))
+                    futures.append(sub.conn.request_future(commands.cls(), "CLS", timeout))
                 except NSQError:
                     continue
         if futures:
             await asyncio.gather(*futures, return_exceptions=True)
 
-    async def _shutdown_now(self) -> None:
+    async def _shutdown_now(self, handler_timeout: float = HANDLER_THREADS_TIMEOUT) -> None:
         self._set_state("closed")
         if self._unlisten is not None:
             self._unlisten()
             self._unlisten = None
         self._subscriber.stop()
-        await self._dispatcher.shutdown()
+        await self._dispatcher.shutdown(handler_timeout)
         await self._subscriber.close()
         if self._lookup is not None and self._owns_lookup:
             await self._lookup.close()

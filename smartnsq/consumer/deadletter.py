@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 from smartnsq.consumer.message import Message
+from smartnsq.errors import ValidationError
 
-__all__ = ["dead_letter_record", "write_dead_letter"]
+__all__ = ["check_dead_letter_path", "dead_letter_record", "write_dead_letter"]
 
 log = logging.getLogger("smartnsq.consumer")
 
@@ -39,15 +41,51 @@ def dead_letter_record(
     }
 
 
+def check_dead_letter_path(path: object) -> Path:
+    """``dead_letter_path`` as a ``Path``, refused (ValidationError) where no line could ever
+    be appended: not a path, a directory, a file in a directory that does not exist (the
+    writer creates no directories) or under a regular file, or one this process may not
+    write. Nothing is created: the file is made by the first dead letter."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValidationError("dead_letter_path", f"must be a path, not {path!r}")
+    file = Path(path)
+    if file.is_dir():
+        raise ValidationError("dead_letter_path", f"{str(file)!r} is a directory, not a file")
+    directory = file.parent
+    if not directory.is_dir():
+        # the nearest ancestor that exists says why: missing, or a regular file
+        blocker = next((step for step in (directory, *directory.parents) if step.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            reason = f"{str(blocker)!r} is a file, not a directory"
+        else:
+            reason = f"its directory {str(directory)!r} does not exist"
+        raise ValidationError("dead_letter_path", f"{str(file)!r} cannot be written: {reason}")
+    writable = file if file.exists() else directory
+    if not os.access(writable, os.W_OK):
+        raise ValidationError(
+            "dead_letter_path",
+            f"{str(file)!r} cannot be written: no write permission on {str(writable)!r}",
+        )
+    return file
+
+
 def write_dead_letter(message: Message, path: Path, attempts_run: int | None = None) -> bool:
-    """Append ``message`` to the dead-letter file at ``path``. A file that cannot be
-    written is logged as an error (the message is still given up on: retrying forever
-    because a disk is full would stall the whole consumer); returns whether it was written."""
+    """Append ``message`` to the dead-letter file at ``path``; returns whether it was
+    written. A file that cannot be written (a full disk, permissions changed since the
+    consumer was made) is logged as an error: the consumer then requeues the message
+    rather than finish it unrecorded."""
     line = json.dumps(dead_letter_record(message, attempts_run=attempts_run)) + "\n"
     try:
         with path.open("a", encoding="utf-8") as out:
             out.write(line)
     except OSError as exc:
-        log.error("%s: cannot write the dead-letter file %s: %s", message.topic, path, exc)
+        log.error(
+            "%s: cannot write the dead-letter file %s: %s; message %s is requeued, not "
+            "finished (given up again when it comes back)",
+            message.topic,
+            path,
+            exc,
+            message.id.hex(),
+        )
         return False
     return True

@@ -174,6 +174,10 @@ class Dispatcher:
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
+    def wants(self, subscriptions: int) -> None:
+        """The subscriber wants this many subscriptions (the low-RDY warning counts them)."""
+        self.wanted_subscriptions = subscriptions
+
     def subscribed(self, sub: Subscription) -> None:
         """A new subscription gets its share of the flow."""
         self.connects += 1
@@ -419,6 +423,15 @@ class Dispatcher:
     def _give_up(self, message: Message, attempts_run: int) -> None:
         """Give up on ``message``, whose handler ran ``attempts_run`` times (counted by
         nsqd's attempts: the delivery that arrives past max_attempts does not run)."""
+        path = self.options.dead_letter_path
+        if path is not None and not write_dead_letter(message, Path(path), attempts_run):
+            # Finishing it unrecorded would lose it (the error is logged): back to nsqd with
+            # the requeue policy's delay, to be given up again (and written, once the file
+            # takes it) when it comes back. on_giving_up is for messages given up for good.
+            answer = self._ledger().requeue(message, None, backoff=False)
+            if answer is not None:
+                self._requeued(message, answer)
+            return
         self.telemetry.count("given_up", 1, self.metric_attributes)
         log.warning(
             "%s: giving up on message %s after %d attempts",
@@ -426,9 +439,6 @@ class Dispatcher:
             message.id.hex(),
             attempts_run,
         )
-        path = self.options.dead_letter_path
-        if path is not None:
-            write_dead_letter(message, Path(path), attempts_run)
         callback = self.options.on_giving_up
         if callback is not None:
             try:
@@ -666,9 +676,10 @@ class Dispatcher:
         if self._drained is not None and self.outstanding() <= 0:
             self._drained.set()
 
-    async def shutdown(self) -> None:
+    async def shutdown(self, handler_timeout: float = 5.0) -> None:
         """Cancel and await the dispatcher's tasks (never the one running this), stop the
-        timer, wake the iterator, and let handler threads finish."""
+        timer, wake the iterator, and let handler threads finish (waiting up to
+        ``handler_timeout`` for them)."""
         if self._tick_handle is not None:
             self._tick_handle.cancel()
             self._tick_handle = None
@@ -680,7 +691,7 @@ class Dispatcher:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        if self.runner is not None and not await self.runner.close():
+        if self.runner is not None and not await self.runner.close(handler_timeout):
             log.warning("%s: handler threads still running after close", self.topic)
         waiter = self._inbox_waiter
         if waiter is not None and not waiter.done():

@@ -3,8 +3,11 @@
 A coroutine function runs eagerly, as a task (:mod:`smartnsq.consumer.eager`): no Task is created
 unless it really waits, yet it has a current task and a context of its own from its first
 line. A plain function runs in worker threads, each call in a copy of the context (as
-``asyncio.to_thread`` would run it). With OpenTelemetry on, each call is a ``process`` span,
-current inside the handler, that continues the producer's trace on ext topics.
+``asyncio.to_thread`` would run it); what it returns, when awaitable (``lambda m:
+process(m)`` with an async ``process``), is awaited on the loop as a coroutine handler runs,
+and the message is answered once that is over. With OpenTelemetry on, each call is a
+``process`` span, current inside the handler, that continues the producer's trace on ext
+topics.
 
 Plain functions are handed to the threads in batches (:class:`_ThreadPool`): the messages
 released in one loop iteration go to a shared work queue at once, idle workers take them one
@@ -23,7 +26,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from smartnsq.client.telemetry import Telemetry, describe_process
@@ -85,15 +88,19 @@ class HandlerRunner:
     async def close(self, timeout: float = 5.0) -> bool:
         """Let handlers still running in threads finish, without blocking the loop (what
         waits for a thread is handed back unhandled: ``done(message, CancelledError)``);
-        whether they did within ``timeout``."""
+        whether they did within ``timeout`` (0: do not wait). A handler still running
+        after that finishes in its thread, which then exits."""
         pool, self._pool = self._pool, None
         if pool is None:
             return True
-        try:
-            await asyncio.wait_for(pool.shutdown(), timeout)
-        except TimeoutError:
+        exited = pool.shutdown()
+        if exited is None or exited.done():
+            return True
+        if timeout <= 0:
             return False
-        return True
+        # asyncio.wait, not wait_for: the future stays for the threads to set later
+        done, _ = await asyncio.wait((exited,), timeout=timeout)
+        return bool(done)
 
     def starter(self, done: Done) -> Callable[[Message], None]:
         """What starts the handler on a message (``done`` is called when it is over): the
@@ -175,6 +182,11 @@ class HandlerRunner:
         return observed, token
 
 
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    """An awaitable that is not a coroutine (a Future...), as one, for :func:`run_eager`."""
+    return await awaitable
+
+
 Work = tuple[contextvars.Context, Message, Done]
 Result = tuple[Message, "BaseException | None", Done]
 
@@ -243,6 +255,7 @@ class _ThreadPool:
         work = self._work
         take = work.popleft
         handler = self._handler
+        isawaitable = inspect.isawaitable
         clock = time.monotonic
         results: list[Result] = []
         report_at = clock() + RESULTS_AFTER
@@ -266,10 +279,15 @@ class _ThreadPool:
                     report_at = clock() + RESULTS_AFTER
                     continue
                 try:
-                    context.run(handler, message)
+                    returned = context.run(handler, message)
                 except BaseException as exc:  # noqa: BLE001 - the handler's failure goes to done()
                     results.append((message, exc, done))
                 else:
+                    if returned is not None and isawaitable(returned):
+                        # A plain function that made a coroutine (lambda m: process(m)):
+                        # dropping it would FIN a message its code never saw. It runs on
+                        # the loop, and done() comes when it is over.
+                        done = functools.partial(self._await_on_loop, context, returned, done)
                     results.append((message, None, done))
                 if len(results) >= RESULTS_EVERY or clock() >= report_at:
                     self._report(results)
@@ -283,6 +301,19 @@ class _ThreadPool:
                 last = self._running == 0 and self._closing
             if last:
                 self._call(self._all_exited)
+
+    def _await_on_loop(
+        self,
+        context: contextvars.Context,
+        awaitable: Awaitable[Any],
+        done: Done,
+        message: Message,
+        exc: BaseException | None,
+    ) -> None:
+        """On the loop: what a handler returned, awaited as a coroutine handler runs (eagerly,
+        as a task, in the context the handler ran in); ``done`` once it is over."""
+        coro = awaitable if inspect.iscoroutine(awaitable) else _awaited(awaitable)
+        context.run(run_eager, self._loop, coro, done, message)
 
     def _report(self, results: list[Result]) -> None:
         self._call(self._finished, results)
@@ -314,18 +345,17 @@ class _ThreadPool:
         if self._exited is not None and not self._exited.done():
             self._exited.set_result(None)
 
-    async def shutdown(self) -> None:
-        """What waits for a thread is handed back (``done(message, CancelledError)``), the
-        handlers running finish, and the threads exit."""
+    def shutdown(self) -> asyncio.Future[None] | None:
+        """What waits for a thread is handed back (``done(message, CancelledError)``) now,
+        and the threads exit once their running handlers finish: the future returned is
+        set then (None: no thread is running)."""
         self._closing = True
         pending, self._batch = self._batch, []
         with self._lock:
             while self._work:
                 pending.append(self._work.popleft())
             self._wake.notify_all()
-            running = self._running
-            if running:
+            if self._running:
                 self._exited = self._loop.create_future()
         self._cancel(pending)
-        if running and self._exited is not None:
-            await asyncio.shield(self._exited)
+        return self._exited

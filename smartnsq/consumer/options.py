@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from smartnsq.client.options import ClientOptions, check_flag, set_derived
+from smartnsq.consumer.deadletter import check_dead_letter_path
 from smartnsq.consumer.handlers import Handler
 from smartnsq.consumer.message import Message
 from smartnsq.errors import UnsupportedFeatureError, ValidationError
@@ -153,11 +153,7 @@ class ConsumerOptions(ClientOptions):
                 raise ValidationError("partitions", "must name at least one partition")
             set_derived(self, "partitions", partitions)
         if self.dead_letter_path is not None:
-            if not isinstance(self.dead_letter_path, (str, os.PathLike)):
-                raise ValidationError(
-                    "dead_letter_path", f"must be a path, not {self.dead_letter_path!r}"
-                )
-            set_derived(self, "dead_letter_path", Path(self.dead_letter_path))
+            set_derived(self, "dead_letter_path", check_dead_letter_path(self.dead_letter_path))
         super().__post_init__()
         # IDENTIFY's own rule for a tag (a str, not too long), before anything is sent
         self.connection_config.identify_request(extend_support=None, desired_tag=self.desired_tag)

@@ -76,6 +76,10 @@ class SubscriptionListener(Protocol):
     def on_server_error(self, sub: Subscription, conn: Connection, error: ServerError) -> None:
         """A non-fatal error frame on ``sub`` (E_FIN_FAILED...)."""
 
+    def wants(self, subscriptions: int) -> None:
+        """How many subscriptions there should be now (the partitions wanted, or the nsqd
+        nodes), told before they are opened."""
+
     def subscribed(self, sub: Subscription) -> None:
         """``sub`` is subscribed: give it its share of the flow."""
 
@@ -326,6 +330,8 @@ class Subscriber:
         except NSQError as exc:
             self._lookup_failed(exc)
             return None
+        # Before the first subscribe: what is wanted, not how many are open so far.
+        self.listener.wants(max(len(self.wanted), len(desired)))
         if self._lookup_failing:
             self._lookup_failing = False
             log.info("%s/%s: nsqlookupd answers now", self.topic, self.channel)

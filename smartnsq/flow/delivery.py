@@ -38,6 +38,7 @@ from smartnsq.flow.rdy import Outcome, RdyController
 from smartnsq.flow.replays import ReplayFilter
 from smartnsq.protocol import commands
 from smartnsq.protocol.message import MessageFrame
+from smartnsq.protocol.validation import MAX_REQ_DELAY_MS
 from smartnsq.publishing.stamps import Stamp, parse_stamp
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "DeliveryLedger",
     "DeliveryOptions",
     "Lane",
+    "check_requeue_delay",
 ]
 
 # What became of a delivery just received (Decision.verdict of DeliveryLedger.receive), or
@@ -110,12 +112,12 @@ class Delivery(MessageFrame):
     has been answered, whether an ordered requeue is waiting out its delay, and (ordered)
     the producer's sequence stamp it was taken with."""
 
-    __slots__ = ("lane", "responded", "stamp", "waiting")
+    __slots__ = ("_stamp", "lane", "responded", "waiting")
 
     lane: Lane
     responded: bool
     waiting: bool
-    stamp: Stamp | None
+    _stamp: Stamp | None  # the ledger's own: not a field of the message
 
 
 L = TypeVar("L", bound=Lane)
@@ -205,6 +207,17 @@ class DeliveryCounts:
         self.retired_finished: dict[int | None, int] = {}
 
 
+def check_requeue_delay(field: str, delay: object) -> float:
+    """A requeue delay in seconds: 0 up to what nsqd takes in a REQ (youzan's
+    ``max_req_timeout``, 3 days; classic nsqd caps it at its own, 1 h by default)."""
+    seconds = check_seconds(field, delay, positive=False)
+    if seconds > MAX_REQ_DELAY_MS / 1000:
+        raise ValidationError(
+            field, f"must be 0..{MAX_REQ_DELAY_MS // 1000} seconds (3 days), got {delay!r}"
+        )
+    return seconds
+
+
 @dataclass(frozen=True, kw_only=True)
 class DeliveryOptions:
     """The delivery policy of one consumer, checked once when made.
@@ -232,9 +245,17 @@ class DeliveryOptions:
     def __post_init__(self) -> None:
         if type(self.max_attempts) is not int or self.max_attempts < 1:
             raise ValidationError("max_attempts", "must be an int >= 1")
-        for name in ("requeue_delay", "max_requeue_delay"):
-            seconds = check_seconds(name, getattr(self, name), positive=False)
-            object.__setattr__(self, name, seconds)
+        object.__setattr__(
+            self,
+            "requeue_delay",
+            check_seconds("requeue_delay", self.requeue_delay, positive=False),
+        )
+        # the cap of every policy delay: one nsqd takes, or a failed handler's REQ would fail
+        object.__setattr__(
+            self,
+            "max_requeue_delay",
+            check_requeue_delay("max_requeue_delay", self.max_requeue_delay),
+        )
 
 
 class DeliveryLedger(Generic[L]):
@@ -373,7 +394,7 @@ class DeliveryLedger(Generic[L]):
         pending.add(message_id)
         delivery.lane = lane
         delivery.responded = False
-        delivery.stamp = None
+        delivery._stamp = None
         self.counts.received += 1
         self.in_flight += 1
         lane.in_flight += 1
@@ -444,7 +465,7 @@ class DeliveryLedger(Generic[L]):
                     self.counts.stamped_replays += 1
                     command = commands.fin(delivery.id)
                     return self._answered(ANSWER, delivery, command, "neutral", rdy, tally=False)
-                delivery.stamp = stamp
+                delivery._stamp = stamp
         if lane.current is not None:
             lane.queue.append(delivery)
             verdict, shared = HOLD, _HOLD
@@ -510,8 +531,8 @@ class DeliveryLedger(Generic[L]):
             delay = requeue_delay(
                 delivery.attempts, options.requeue_delay, options.max_requeue_delay
             )
-        elif delay < 0:
-            raise ValidationError("delay", "must be >= 0 seconds")
+        else:
+            delay = check_requeue_delay("delay", delay)
         if self.ordered and delay > 0:
             delivery.waiting = True
             decision: Decision[L] = Decision()
@@ -628,7 +649,7 @@ class DeliveryLedger(Generic[L]):
         offset, size = delivery.offset, delivery.raw_size
         if is_fin and offset is not None and size is not None:
             self._sequence.finished(lane.partition, offset, size, delivery.timestamp)
-        stamp = delivery.stamp
+        stamp = delivery._stamp
         if stamp is not None:
             if is_fin:
                 self.replays.finish(lane.partition, stamp)

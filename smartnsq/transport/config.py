@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import ssl
@@ -11,7 +12,7 @@ from typing import Any, Literal
 from smartnsq._version import __version__
 from smartnsq.errors import ValidationError
 from smartnsq.protocol.frames import DEFAULT_MAX_FRAME_SIZE
-from smartnsq.protocol.identify import IdentifyRequest
+from smartnsq.protocol.identify import MAX_HEARTBEAT_INTERVAL_MS, IdentifyRequest
 from smartnsq.protocol.session import ClientSession, ResponseHook
 
 __all__ = ["Compression", "ConnectionConfig"]
@@ -50,6 +51,15 @@ class ConnectionConfig:
                 raise ValidationError(name, f"must be a positive number of seconds, got {value!r}")
         if self.compression not in (None, "snappy", "deflate"):
             raise ValidationError("compression", "must be None, 'snappy' or 'deflate'")
+        heartbeat = self.heartbeat_interval
+        # IDENTIFY checks it too, but in milliseconds: it is given in seconds
+        ms = _ms(heartbeat) if type(heartbeat) in (int, float) and math.isfinite(heartbeat) else 0
+        if ms not in (-1, 0) and not 1000 <= ms <= MAX_HEARTBEAT_INTERVAL_MS:
+            raise ValidationError(
+                "heartbeat_interval",
+                f"must be -1 (no heartbeats), 0 (nsqd's default) or "
+                f"1..{MAX_HEARTBEAT_INTERVAL_MS // 1000} seconds, got {heartbeat!r}",
+            )
         # IdentifyRequest validates the negotiable values (heartbeat range, levels...).
         self.identify_request(extend_support=None, desired_tag=None)
 

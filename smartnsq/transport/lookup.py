@@ -123,28 +123,29 @@ class _ServerFault(ProtocolError):
     """A 5xx answer that is not nsqlookupd's own (a proxy, a server in trouble): retried."""
 
 
-def normalize_seed(seed: object) -> tuple[str, str]:
+def normalize_seed(seed: object, field: str = "seeds") -> tuple[str, str]:
     """An nsqlookupd address, ``"host:port"`` (port 4161 when omitted) or
-    ``"http(s)://host:port"``, as (``host:port``, base URL); ValidationError otherwise."""
+    ``"http(s)://host:port"``, as (``host:port``, base URL); ValidationError otherwise,
+    naming ``field`` (the caller's argument: ``lookupd`` for a client)."""
     if not isinstance(seed, str) or not seed.strip():
-        raise ValidationError("seeds", f"each seed must be a non-empty str, not {seed!r}")
+        raise ValidationError(field, f"each address must be a non-empty str, not {seed!r}")
     text = seed.strip()
     if "://" not in text:
         text = f"http://{text}"
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https"):
-        raise ValidationError("seeds", f"{seed!r}: the scheme must be http or https")
+        raise ValidationError(field, f"{seed!r}: the scheme must be http or https")
     if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
-        raise ValidationError("seeds", f"{seed!r}: expected host:port or http://host:port")
+        raise ValidationError(field, f"{seed!r}: expected host:port or http://host:port")
     try:
         port = parts.port
     except ValueError as exc:
-        raise ValidationError("seeds", f"{seed!r}: invalid port") from exc
+        raise ValidationError(field, f"{seed!r}: invalid port") from exc
     host = parts.hostname
     if not host:
-        raise ValidationError("seeds", f"{seed!r}: missing host")
+        raise ValidationError(field, f"{seed!r}: missing host")
     if port == 0:
-        raise ValidationError("seeds", f"{seed!r}: port must be 1..65535")
+        raise ValidationError(field, f"{seed!r}: port must be 1..65535")
     address = join_host_port(host, port or DEFAULT_LOOKUPD_PORT)
     return address, f"{parts.scheme}://{address}"
 

@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from smartnsq.errors import ValidationError
+from smartnsq.flow.backoff import check_seconds
 from smartnsq.routing.addresses import AddressMap, AddressMapping, split_host_port
-from smartnsq.transport.lookup import LookupManager
+from smartnsq.transport.lookup import LookupManager, normalize_seed
 
 __all__ = ["Targets", "check_nsqd_address", "resolve_targets"]
 
@@ -67,5 +68,13 @@ def resolve_targets(
         for address in addresses:
             check_nsqd_address(address)
         return Targets(addresses, None, False)
-    manager = LookupManager(list(lookupd or ()), poll_interval=poll_interval, address_map=mapping)
+    # Checked here, not by the manager, so that errors name the client's arguments
+    # (lookupd, lookupd_poll_interval) rather than the manager's (seeds, poll_interval).
+    seeds = list(lookupd or ())
+    if not seeds:
+        raise ValidationError("lookupd", "needs at least one nsqlookupd address")
+    for seed in seeds:
+        normalize_seed(seed, "lookupd")
+    check_seconds("lookupd_poll_interval", poll_interval, positive=True)
+    manager = LookupManager(seeds, poll_interval=poll_interval, address_map=mapping)
     return Targets([], manager, True)

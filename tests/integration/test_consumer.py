@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
 import random
+import threading
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -418,6 +420,62 @@ async def test_reconnects_after_dropped_connections(cluster: Cluster) -> None:
     calls = await _consume_through(cluster, 400, fault)
     _assert_each_finished_once(cluster, "events", 400)
     _assert_handled_as_delivered(cluster, "events", calls)
+
+
+@pytest.mark.parametrize("max_in_flight", [1, 2])
+async def test_the_low_max_in_flight_warning_counts_every_partition(
+    cluster: Cluster, max_in_flight: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It counted the subscriptions open when it was said, one more than max_in_flight
+    ("below the 2 partitions" on a 4-partition topic): the subscriber now tells what it
+    wants before it subscribes."""
+    with caplog.at_level(logging.WARNING, logger="smartnsq.consumer"):
+        async with _consumer(cluster, max_in_flight=max_in_flight) as consumer:
+            await cluster.wait_for(lambda: consumer.stats().connections == 4)
+    warnings = [r.getMessage() for r in caplog.records if "take turns" in r.getMessage()]
+    assert len(warnings) == 1
+    assert f"max_in_flight={max_in_flight} is below the 4 partitions" in warnings[0]
+
+
+async def test_a_requeue_delay_error_is_in_seconds(cluster: Cluster) -> None:
+    """message.requeue(delay=) past what nsqd takes (3 days) said milliseconds; it says
+    seconds, and the message can still be answered."""
+    async with _consumer(cluster) as consumer:
+        await _publish(cluster, "events", 1)
+        [message] = await consumer.getmany(1, timeout=10)
+        with pytest.raises(e.ValidationError) as raised:
+            await message.requeue(delay=4 * 24 * 3600)
+        assert raised.value.field == "delay"
+        assert "259200 seconds" in str(raised.value)
+        assert " ms" not in str(raised.value)
+        await message.finish()
+        await cluster.wait_for(lambda: cluster.unfinished("events", "c") == 0)
+
+
+async def test_close_timeout_bounds_a_stuck_plain_function_handler(cluster: Cluster) -> None:
+    """close(timeout=0.5) with a plain-function handler stuck in its thread used to give the
+    thread 5 s more after the drain. The bound is timeout; the wait below allows 3 s of a
+    loaded machine's delays, less than those 5 s."""
+    entered = threading.Event()
+    release = threading.Event()
+
+    def stuck(message: Message) -> None:
+        entered.set()
+        release.wait(30)
+
+    consumer = _consumer(cluster, handler=stuck)
+    await consumer.start()
+    await _publish(cluster, "events", 1)
+    loop = asyncio.get_running_loop()
+    assert await loop.run_in_executor(None, entered.wait, 10)
+    closing = asyncio.ensure_future(consumer.close(timeout=0.5))
+    try:
+        done, _ = await asyncio.wait({closing}, timeout=3.5)
+        assert done, "close(timeout=0.5) still running after 3.5 s"
+    finally:
+        release.set()
+        await closing
+    assert cluster.in_flight("events", "c") <= 1  # unanswered: nsqd redelivers it
 
 
 async def test_drain_under_load(cluster: Cluster) -> None:

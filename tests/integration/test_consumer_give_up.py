@@ -27,12 +27,12 @@ async def cluster() -> AsyncIterator[Cluster]:
 
 
 def _consumer(cluster: Cluster, topic: str, **kwargs: Any) -> Consumer:
+    kwargs.setdefault("requeue_delay", 0.0)
     return Consumer(
         topic,
         "c",
         lookupd=[cluster.lookupd_url],
         reconnect_backoff=Backoff(initial=0.01, maximum=0.05),
-        requeue_delay=0.0,
         backoff=False,
         max_in_flight=4,
         **kwargs,
@@ -135,3 +135,49 @@ async def test_a_message_is_given_up_right_after_its_last_allowed_attempt(
     assert (stats.given_up, stats.requeued) == (1, 1)
     record = json.loads(dead_letters.read_text())
     assert (record["attempts"], record["attempts_run"]) == (2, 2)
+
+
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
+async def test_a_message_whose_dead_letter_cannot_be_written_is_requeued_not_finished(
+    cluster: Cluster, ordered: bool, tmp_path: Path
+) -> None:
+    """The dead-letter file's directory is replaced by a regular file after the consumer was
+    made: the message used to be finished anyway (lost, the error only logged). It goes back
+    to nsqd instead, is given up again when it comes back, and is written and finished once
+    the file can be written."""
+    directory = tmp_path / "dead"
+    directory.mkdir()
+    dead_letters = directory / "dead.jsonl"
+    given_up: list[int] = []
+
+    def handle(message: Message) -> None:
+        raise ValueError("poison")
+
+    topic = "ordered" if ordered else "events"
+    async with _consumer(
+        cluster,
+        topic,
+        handler=handle,
+        ordered=ordered,
+        ordered_give_up=True,
+        max_attempts=1,
+        requeue_delay=0.01,
+        dead_letter_path=dead_letters,
+        on_giving_up=lambda message: given_up.append(message.attempts),
+    ) as consumer:
+        directory.rmdir()
+        directory.write_text("not a directory")
+        await _publish(cluster, topic, b"poison")
+        record = cluster.channel_record(topic, "c")
+        await cluster.wait_for(lambda: len(record.requeued) >= 2)
+        assert record.finished == []
+        assert (consumer.stats().given_up, given_up) == (0, [])
+        directory.unlink()
+        directory.mkdir()
+        await cluster.wait_for(lambda: cluster.unfinished(topic, "c") == 0)
+        stats = consumer.stats()
+    assert stats.given_up == 1
+    assert len(given_up) == 1
+    assert len(record.finished) == 1
+    lines = dead_letters.read_text().splitlines()
+    assert [json.loads(line)["body"] for line in lines] == ["poison"]

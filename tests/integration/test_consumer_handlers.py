@@ -123,3 +123,26 @@ async def test_plain_function_handlers_get_a_context_of_their_own(cluster: Clust
     async with await _consume(cluster, handle, bodies):
         await cluster.wait_for(lambda: len(seen) == len(bodies))
     assert sorted(seen) == [(body, None) for body in bodies]
+
+
+async def test_a_plain_function_returning_a_coroutine_has_it_awaited(cluster: Cluster) -> None:
+    """``handler=lambda m: process(m)`` with an async ``process``: the coroutine runs on the
+    consumer's loop, and the message is finished once it is over (it used to be dropped
+    unawaited in the thread and the message finished unprocessed)."""
+    processed: list[bytes] = []
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def process(message: Message) -> None:
+        entered.set()
+        await release.wait()
+        processed.append(message.body)
+
+    async with await _consume(cluster, lambda m: process(m), [b"order"]) as consumer:
+        await asyncio.wait_for(entered.wait(), 10)
+        assert cluster.channel_record("events", "c").finished == []  # not before it is over
+        release.set()
+        await cluster.wait_for(lambda: len(cluster.channel_record("events", "c").finished) == 1)
+        stats = consumer.stats()
+    assert processed == [b"order"]
+    assert (stats.finished, stats.handler_errors) == (1, 0)

@@ -911,3 +911,59 @@ def test_plain_script_in_a_subprocess(tc: ThreadedCluster) -> None:
     log = _log(tc)
     assert b"script-1" in log[out["single"]]
     assert log[1][-2:] == [b"script-2", b"script-3"]
+
+
+def test_close_timeout_bounds_a_stuck_plain_function_handler(tc: ThreadedCluster) -> None:
+    """close(timeout=0.5) with the handler stuck in its thread used to take 5 s more (the
+    handler threads' own wait, and the CLS wait on top of timeout). The wait below allows
+    3 s of a loaded machine's delays, less than those 5 s."""
+    entered = threading.Event()
+    release = threading.Event()
+
+    def stuck(message: sync.Message) -> None:
+        entered.set()
+        release.wait(WAIT)
+
+    consumer = _consumer(tc, handler=stuck)
+    consumer.start()
+    _publish(tc, 1)
+    assert entered.wait(WAIT)
+    closer = _start_thread(lambda: consumer.close(timeout=0.5), "closer")
+    try:
+        closer.join(3.5)
+        assert not closer.is_alive(), "close(timeout=0.5) still running after 3.5 s"
+    finally:
+        release.set()
+        closer.join(WAIT)
+    assert _threads_named("smartnsq-consumer-loop") == []
+
+
+@pytest.mark.parametrize(
+    ("field", "options", "text"),
+    [
+        ("lookupd", {"lookupd": []}, "at least one nsqlookupd address"),
+        ("lookupd", {"lookupd": ["ftp://127.0.0.1:4161"]}, "http or https"),
+        ("lookupd_poll_interval", {"lookupd_poll_interval": 0}, "seconds"),
+        ("heartbeat_interval", {"heartbeat_interval": 61}, "1..60 seconds"),
+    ],
+    ids=["lookupd-empty", "lookupd-scheme", "poll", "heartbeat"],
+)
+def test_argument_errors_name_the_argument_in_its_unit(
+    field: str, options: dict[str, Any], text: str
+) -> None:
+    """The facade raises the async clients' errors unchanged: the argument's name, in its
+    unit, and no loop thread left behind (the no_leaked_threads fixture)."""
+    options = {"lookupd": ["http://127.0.0.1:4161"], **options}
+    clients: list[Callable[[], Any]] = [
+        lambda: sync.Producer(**options),
+        lambda: sync.Consumer("orders", "c", **options),
+    ]
+    for make in clients:
+        with pytest.raises(e.ValidationError) as raised:
+            make()
+        assert raised.value.field == field
+        assert text in str(raised.value)
+        assert " ms" not in str(raised.value)
+    with pytest.raises(e.ValidationError) as raised:
+        sync.Producer(lookupd=["http://127.0.0.1:4161"], connections_per_partition=0)
+    assert raised.value.field == "connections_per_partition"

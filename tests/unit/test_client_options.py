@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from smartnsq.admin import Admin
 from smartnsq.client.options import ClientOptions
 from smartnsq.consumer.consumer import Consumer
 from smartnsq.consumer.options import ConsumerOptions
@@ -59,3 +60,52 @@ def test_the_options_are_kept_and_build_the_connection_settings() -> None:
     consumer = Consumer("t", "c", **LOOKUPD, heartbeat_interval=5.0)
     producer = Producer(**LOOKUPD, heartbeat_interval=5.0)
     assert consumer.options.heartbeat_interval == producer.options.heartbeat_interval == 5.0
+
+
+# Each used to be reported under the name of an internal field (seeds, poll_interval,
+# connections_per_key) or in milliseconds for an argument given in seconds.
+NAMED: list[tuple[str, dict[str, Any], str]] = [
+    ("lookupd", {"lookupd": []}, "at least one nsqlookupd address"),
+    ("lookupd", {"lookupd": ["ftp://127.0.0.1:4161"]}, "scheme must be http or https"),
+    ("lookupd", {"lookupd": ["http://127.0.0.1:0"]}, "port must be 1..65535"),
+    ("lookupd", {"lookupd": [5]}, "non-empty str"),
+    ("lookupd_poll_interval", {**LOOKUPD, "lookupd_poll_interval": 0}, "> 0 seconds"),
+    ("lookupd_poll_interval", {**LOOKUPD, "lookupd_poll_interval": -1.5}, "> 0 seconds"),
+    ("heartbeat_interval", {**LOOKUPD, "heartbeat_interval": 61}, "1..60 seconds, got 61"),
+    ("heartbeat_interval", {**LOOKUPD, "heartbeat_interval": 0.5}, "1..60 seconds, got 0.5"),
+]
+
+
+@pytest.mark.parametrize(
+    ("field", "options", "text"), NAMED, ids=[f"{f}-{o}"[:60] for f, o, _ in NAMED]
+)
+@pytest.mark.parametrize("client", [Producer, Consumer], ids=["producer", "consumer"])
+def test_errors_name_the_argument_in_its_unit(
+    client: Any, field: str, options: dict[str, Any], text: str
+) -> None:
+    arguments = ("t", "c") if client is Consumer else ()
+    with pytest.raises(ValidationError) as raised:
+        client(*arguments, **options)
+    assert raised.value.field == field
+    assert text in str(raised.value)
+    assert " ms" not in str(raised.value)
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, "2"])
+def test_connections_per_partition_is_named_as_given(value: object) -> None:
+    with pytest.raises(ValidationError) as raised:
+        Producer(**LOOKUPD, connections_per_partition=value)  # type: ignore[arg-type]
+    assert raised.value.field == "connections_per_partition"
+
+
+def test_heartbeat_interval_takes_its_whole_range_in_seconds() -> None:
+    for seconds in (-1, 0, 1, 1.0, 30, 60):
+        assert Producer(**LOOKUPD, heartbeat_interval=seconds).heartbeat_interval == seconds
+
+
+@pytest.mark.parametrize("given", ["lookupd", "nsqd_http"])
+@pytest.mark.parametrize("address", ["ftp://127.0.0.1:4161", "http://127.0.0.1:0", 5])
+def test_admin_names_the_addresses_argument(given: str, address: object) -> None:
+    with pytest.raises(ValidationError) as raised:
+        Admin(**{given: [address]})  # type: ignore[arg-type]
+    assert raised.value.field == given

@@ -1,6 +1,7 @@
 """Consumer arguments are checked when the Consumer is created, not when first used."""
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -132,3 +133,23 @@ def test_the_named_positions_are_start_positions(start: Any, position: object) -
 def test_a_msg_timeout_in_range_is_kept() -> None:
     consumer = Consumer("t", "c", lookupd=["127.0.0.1:4161"], msg_timeout=30)
     assert consumer.options.connection_config.msg_timeout == 30
+
+
+def test_a_dead_letter_path_that_can_never_be_written_is_refused(tmp_path: Path) -> None:
+    """Accepted, it failed only when a message was given up: the line was never written."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    refused = {
+        a_file / "dead.jsonl": "is a file, not a directory",
+        a_file / "deeper" / "dead.jsonl": "is a file, not a directory",
+        tmp_path / "missing" / "dead.jsonl": "does not exist",
+        tmp_path: "is a directory",
+    }
+    for path, reason in refused.items():
+        for given in (path, str(path)):
+            with pytest.raises(ValidationError, match=reason) as info:
+                Consumer("t", "c", nsqd=NSQD, dead_letter_path=given)
+            assert info.value.field == "dead_letter_path"
+    fine = tmp_path / "dead.jsonl"
+    assert Consumer("t", "c", nsqd=NSQD, dead_letter_path=str(fine)).dead_letter_path == fine
+    assert not fine.exists()  # made by the first dead letter, not by the check

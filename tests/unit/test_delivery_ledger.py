@@ -8,6 +8,7 @@ that every delivery is answered, handed back or dropped with its connection at c
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any
 
@@ -313,6 +314,31 @@ def test_requeue_checks_its_delay() -> None:
     with pytest.raises(ValidationError, match="delay"):
         ledger.requeue(message, -1.0)
     assert not message.responded
+
+
+@pytest.mark.parametrize("delay", [4 * 24 * 3600, 1e12, -0.5, math.nan, math.inf, "5", True])
+def test_a_requeue_delay_is_refused_in_seconds(delay: object) -> None:
+    """message.requeue(delay=) takes seconds: its errors said milliseconds (REQ's), and a
+    string or a bool failed with a TypeError."""
+    ledger = _ledger()
+    lane = _lane(ledger)
+    message = _delivery(1)
+    ledger.receive(lane, message)
+    with pytest.raises(ValidationError) as raised:
+        ledger.requeue(message, delay)  # type: ignore[arg-type]
+    assert raised.value.field == "delay"
+    assert "ms" not in str(raised.value)
+    assert not message.responded
+    assert ledger.requeue(message, 3 * 24 * 3600) == commands.req(message.id, 259_200_000)
+
+
+def test_the_requeue_delay_cap_is_one_nsqd_takes() -> None:
+    """A cap past youzan's max_req_timeout (3 days) made a failed handler's REQ fail."""
+    with pytest.raises(ValidationError) as raised:
+        DeliveryOptions(max_requeue_delay=4 * 24 * 3600)
+    assert raised.value.field == "max_requeue_delay"
+    assert "seconds" in str(raised.value)
+    assert DeliveryOptions(max_requeue_delay=3 * 24 * 3600).max_requeue_delay == 259_200.0
 
 
 def test_ordered_requeue_waits_on_the_client_keeping_the_turn() -> None:

@@ -172,3 +172,92 @@ async def test_close_hands_back_what_waits_and_lets_the_running_handler_finish()
     start(_message(9))  # after close: handed back at once
     await asyncio.sleep(0.01)
     assert isinstance(results.seen[-1][1], asyncio.CancelledError)
+
+
+async def test_a_coroutine_a_plain_function_returns_is_awaited_on_the_loop() -> None:
+    """``lambda m: process(m)`` with an async ``process``: called in a thread, its coroutine
+    runs on the loop, as a task, in the context the function ran in; the message is over
+    when the coroutine is, not when the function returned it."""
+    loop = asyncio.get_running_loop()
+    ran: list[Any] = []
+    started, proceed = asyncio.Event(), asyncio.Event()
+
+    async def process(message: Message) -> None:
+        ran.append((threading.get_ident(), asyncio.current_task() is not None, WHO.get()))
+        started.set()
+        await proceed.wait()
+        ran.append(message.attempts)
+
+    def handler(message: Message) -> Any:
+        WHO.set("the function")
+        return process(message)
+
+    runner = _runner(handler, threads=2)
+    runner.start(loop)
+    results = Results(1)
+    runner.starter(results)(_message(0))
+    await asyncio.wait_for(started.wait(), 10)
+    assert ran == [(threading.get_ident(), True, "the function")]
+    assert results.seen == []  # not over while the coroutine waits
+    proceed.set()
+    await asyncio.wait_for(results.all_done, 10)
+    assert ran[1:] == [1]
+    assert [(m.id, exc) for m, exc in results.seen] == [(_message(0).id, None)]
+    assert await runner.close()
+
+
+async def test_a_returned_coroutine_that_raises_fails_its_message() -> None:
+    loop = asyncio.get_running_loop()
+
+    async def process(message: Message) -> None:
+        raise ValueError("bad")
+
+    future: asyncio.Future[str] = loop.create_future()
+    loop.call_soon(future.set_result, "done")
+
+    def handler(message: Message) -> Any:
+        # any awaitable is awaited, a Future too (made on the loop, handed over)
+        return process(message) if message.id == _message(0).id else future
+
+    runner = _runner(handler, threads=1)
+    runner.start(loop)
+    results = Results(2)
+    start = runner.starter(results)
+    start(_message(0))
+    start(_message(1))
+    await asyncio.wait_for(results.all_done, 10)
+    outcome = {m.id: exc for m, exc in results.seen}
+    assert isinstance(outcome[_message(0).id], ValueError)
+    assert outcome[_message(1).id] is None
+    assert await runner.close()
+
+
+async def test_close_with_no_time_left_returns_at_once_and_the_threads_still_exit() -> None:
+    """A consumer's close() gives the threads what is left of its timeout, possibly nothing:
+    the waiting work is handed back at once, close returns without waiting, and the thread
+    exits once its handler returns."""
+    loop = asyncio.get_running_loop()
+    entered = threading.Event()
+    release = threading.Event()
+
+    def handler(message: Message) -> None:
+        entered.set()
+        release.wait(10)
+
+    runner = _runner(handler, threads=1)
+    runner.start(loop)
+    results = Results(2)
+    start = runner.starter(results)
+    start(_message(0))
+    start(_message(1))
+    assert await loop.run_in_executor(None, entered.wait, 10)
+    workers = [t for t in threading.enumerate() if t.name.startswith("smartnsq-t_")]
+    assert len(workers) == 1
+    assert not await runner.close(timeout=0)
+    assert [(m.id, type(exc)) for m, exc in results.seen] == [
+        (_message(1).id, asyncio.CancelledError)
+    ]
+    release.set()
+    await asyncio.wait_for(results.all_done, 10)
+    await loop.run_in_executor(None, workers[0].join, 10)
+    assert not workers[0].is_alive()
