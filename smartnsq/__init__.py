@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from smartnsq.consumer.consumer import ConsumerStats as ConsumerStats
     from smartnsq.consumer.message import Message as Message
     from smartnsq.flow.backoff import BackoffPolicy as BackoffPolicy
+    from smartnsq.flow.replays import ReplayFilter as ReplayFilter
     from smartnsq.flow.retry import Backoff as Backoff
     from smartnsq.producer.producer import Producer as Producer
     from smartnsq.producer.producer import ProducerStats as ProducerStats
@@ -33,6 +34,7 @@ _LAZY = {
     "Admin": "smartnsq.admin",
     "Backoff": "smartnsq.flow.retry",
     "BackoffPolicy": "smartnsq.flow.backoff",
+    "ReplayFilter": "smartnsq.flow.replays",
     "Consumer": "smartnsq.consumer.consumer",
     "ConsumerStats": "smartnsq.consumer.consumer",
     "Message": "smartnsq.consumer.message",

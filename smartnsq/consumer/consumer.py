@@ -44,6 +44,7 @@ from smartnsq.errors import (
     ValidationError,
 )
 from smartnsq.flow.backoff import BackoffPolicy, check_seconds
+from smartnsq.flow.replays import ReplayFilter
 from smartnsq.flow.retry import Backoff
 from smartnsq.protocol import commands
 from smartnsq.protocol.commands import StartPosition
@@ -85,6 +86,10 @@ class ConsumerStats:
     duplicates: int = 0
     # ordered mode: redeliveries of messages this consumer had finished, FINed unhandled
     replays_skipped: int = 0
+    # ordered mode: messages whose producer's sequence stamp says they were taken already
+    # (stored twice by a retried publish, or stored after the producer gave up on them;
+    # youzan ext topics), FINed unhandled
+    stamped_replays: int = 0
     order_violations: int = 0
     # ordered mode: the channel seen moved (a seek), its order then checked anew
     channel_moves: int = 0
@@ -148,6 +153,7 @@ class Consumer:
         low_rdy_timeout: float = 30.0,
         reconnect_backoff: Backoff | None = None,
         handler_threads: int | None = None,
+        replay_filter: ReplayFilter | None = None,
         tracer_provider: Any = None,
         meter_provider: Any = None,
         lookup_manager: LookupManager | None = None,
@@ -394,6 +400,15 @@ class Consumer:
         """The in-flight budget now (with ``max_in_flight=None``: the subscriptions)."""
         return self._dispatcher.max_in_flight
 
+    @property
+    def replays(self) -> ReplayFilter:
+        """The producers' sequence stamps this consumer took (ordered, on youzan ext
+        topics): the ``replay_filter`` given, else its own. Its
+        :meth:`~smartnsq.flow.replays.ReplayFilter.snapshot` is what a restarted consumer
+        given it back (``replay_filter=ReplayFilter.restore(...)``) must not hand over
+        again."""
+        return self._dispatcher.replay_filter
+
     def stats(self) -> ConsumerStats:
         """A snapshot of the counters since start (see :class:`ConsumerStats`); also after close."""
         dispatcher = self._dispatcher
@@ -416,6 +431,7 @@ class Consumer:
             snapshot.lost_answers = counts.lost_answers
             snapshot.duplicates = counts.duplicates
             snapshot.replays_skipped = counts.replays_skipped
+            snapshot.stamped_replays = counts.stamped_replays
             snapshot.order_violations = counts.order_violations
             snapshot.channel_moves = counts.channel_moves
             snapshot.in_flight = ledger.in_flight

@@ -45,6 +45,7 @@ from smartnsq.flow.delivery import (
 )
 from smartnsq.flow.logthrottle import LogThrottle
 from smartnsq.flow.rdy import RdyController
+from smartnsq.flow.replays import ReplayFilter
 from smartnsq.protocol import commands
 from smartnsq.protocol.message import MessageFrame
 from smartnsq.protocol.payload import MARKER, decompress_payload
@@ -95,6 +96,8 @@ class Dispatcher:
         self.auto_budget = options.max_in_flight is None
         self.max_in_flight = 1 if options.max_in_flight is None else options.max_in_flight
         self.ledger: DeliveryLedger[Subscription] | None = None
+        #: The sequence stamps an ordered consumer took: the one given, else a new one.
+        self.replay_filter = options.replay_filter or ReplayFilter()
         self.inbox: deque[Message] = deque()  # released to the iterator, not taken yet
         self._inbox_waiter: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -137,7 +140,7 @@ class Dispatcher:
             low_rdy_idle_timeout=options.low_rdy_idle_timeout,
             low_rdy_timeout=options.low_rdy_timeout,
         )
-        ledger = self.ledger = DeliveryLedger(rdy, options.delivery)
+        ledger = self.ledger = DeliveryLedger(rdy, options.delivery, self.replay_filter)
         self._receive = ledger.receive  # bound once: called per message
         if self.runner is not None:
             self.runner.start(loop)

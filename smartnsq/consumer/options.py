@@ -16,6 +16,7 @@ from smartnsq.consumer.message import Message
 from smartnsq.errors import UnsupportedFeatureError, ValidationError
 from smartnsq.flow.backoff import BackoffPolicy, check_seconds
 from smartnsq.flow.delivery import DeliveryOptions
+from smartnsq.flow.replays import ReplayFilter
 from smartnsq.flow.retry import Backoff
 from smartnsq.protocol.commands import StartPosition
 from smartnsq.protocol.identify import MAX_MSG_TIMEOUT_MS
@@ -74,6 +75,7 @@ class ConsumerOptions(ClientOptions):
     low_rdy_timeout: float = 30.0
     reconnect_backoff: Backoff | None = None
     handler_threads: int | None = None
+    replay_filter: ReplayFilter | None = None
     # derived: the delivery ledger's options
     delivery: DeliveryOptions = field(init=False, repr=False, compare=False)
 
@@ -133,6 +135,8 @@ class ConsumerOptions(ClientOptions):
         backoff = self.reconnect_backoff
         if backoff is not None and not isinstance(backoff, Backoff):
             raise ValidationError("reconnect_backoff", "must be a Backoff, or None (the default)")
+        if self.replay_filter is not None and not isinstance(self.replay_filter, ReplayFilter):
+            raise ValidationError("replay_filter", "must be a ReplayFilter, or None (a new one)")
         threads = self.handler_threads
         if threads is not None and (type(threads) is not int or threads < 1):
             raise ValidationError("handler_threads", "must be an int >= 1, or None (up to 32)")
