@@ -27,7 +27,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from smartnsq.client.moves import announce
 from smartnsq.errors import (
@@ -59,7 +59,6 @@ from smartnsq.protocol.offsets import (
     SeekResult,
     landed_offset,
     lies_past_end,
-    setoffset_body,
 )
 from smartnsq.protocol.validation import (
     MAX_PARTITIONS,
@@ -283,11 +282,12 @@ class Admin:
         self,
         topic: str,
         channel: str,
-        position: StartPosition,
+        position: StartPosition | Literal["earliest", "latest"],
         partitions: Sequence[int] | None = None,
     ) -> list[SeekResult]:
-        """Move ``channel``'s consume position to ``position`` in every partition of
-        ``topic`` (or only in ``partitions``), through each partition's leader
+        """Move ``channel``'s consume position to ``position`` (a :class:`StartPosition`, or
+        ``"earliest"`` or ``"latest"`` as ``Consumer(start=...)`` takes them) in every
+        partition of ``topic`` (or only in ``partitions``), through each partition's leader
         (``POST /channel/setoffset``). One result per partition, in partition order; a
         partition without any message is reported ``empty`` and left as it is.
 
@@ -310,7 +310,7 @@ class Admin:
         """
         check_topic(topic)
         check_channel(channel)
-        setoffset_body(position)  # checks the position
+        position = _seek_position(position)
         wanted = _partition_ids(partitions)
         await self._require_offsets("seek a channel")
         leaders = await self._leaders(topic, wanted)
@@ -703,6 +703,23 @@ def _partition_ids(partitions: Sequence[int] | None) -> list[int] | None:
     if not partitions:
         raise ValidationError("partitions", "is empty (None means every partition)")
     return list(dict.fromkeys(check_partition(p, "partitions") for p in partitions))
+
+
+def _seek_position(position: object) -> StartPosition:
+    """``position``: a StartPosition, or one of the two positions Kafka users name, as
+    ``Consumer(start=...)`` takes them."""
+    if position == "earliest":
+        return StartPosition.earliest()
+    if position == "latest":
+        return StartPosition.latest()
+    if not isinstance(position, StartPosition):
+        raise ValidationError(
+            "position",
+            "must be a StartPosition (StartPosition.earliest(), .latest(), .queue_offset(n), "
+            ".message_count(n), .timestamp(t), or StartPosition.parse(text)), 'earliest' or "
+            f"'latest'; got {position!r}",
+        )
+    return position
 
 
 def _check_wait(wait: float | None) -> float | None:
