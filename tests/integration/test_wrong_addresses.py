@@ -82,6 +82,24 @@ async def test_an_nsqd_http_port_given_as_nsqlookupd(classic: Cluster, client: s
     )
 
 
+@pytest.mark.parametrize("client", ["producer", "consumer"])
+async def test_an_nsqd_tcp_port_given_as_nsqlookupd(classic: Cluster, client: str) -> None:
+    """nsqd answers an HTTP request on its TCP port with E_BAD_PROTOCOL and closes: that
+    address is named for what it is, at once, not retried as a lookupd that failed."""
+    tcp = classic.nsqd_addresses[0]
+    if client == "producer":
+        starting = Producer(lookupd=[f"http://{tcp}"]).start()
+    else:
+        starting = Consumer("t", "c", lookupd=[f"http://{tcp}"], handler=lambda m: None).start()
+    with pytest.raises(NotLookupdError) as caught:
+        await asyncio.wait_for(starting, 10)
+    assert str(caught.value) == (
+        f"http://{tcp} is an nsqd's TCP address, not an nsqlookupd (it answered "
+        "E_BAD_PROTOCOL): give nsqlookupd's HTTP address (default port 4161), or "
+        f"nsqd=['{tcp}'] to use that classic nsqd directly"
+    )
+
+
 async def test_a_web_page_given_as_nsqlookupd(web_page: str) -> None:
     with pytest.raises(NotLookupdError, match="is not an nsqlookupd: it answers HTTP"):
         await Producer(lookupd=[web_page]).start()
@@ -92,6 +110,10 @@ async def test_the_cli_says_it_in_one_line(classic: Cluster) -> None:
     assert result.rc == 1
     (line,) = result.err_lines
     assert "is an nsqd's HTTP address, not an nsqlookupd" in line
+    result = await smartnsq("lookup", "t", "--lookupd", f"http://{classic.nsqd_addresses[0]}")
+    assert result.rc == 1
+    (line,) = result.err_lines
+    assert "is an nsqd's TCP address, not an nsqlookupd (it answered E_BAD_PROTOCOL)" in line
 
 
 def test_not_lookupd_is_not_retried() -> None:
