@@ -27,14 +27,16 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from smartnsq.client.moves import announce
 from smartnsq.errors import (
     AdminError,
     ClientClosedError,
     ConnectionClosedError,
+    NotHttpError,
     NotLeaderError,
+    NotLookupdError,
     NSQError,
     NSQTimeoutError,
     PlacementError,
@@ -91,13 +93,24 @@ _POLL = 0.1  # seconds between readiness checks of a created topic
 _REPOST = 2.0
 
 
+class _LookupdInfo(NamedTuple):
+    """What a lookupd given to Admin answered to ``/info``."""
+
+    base: str
+    info: object = None
+    not_lookupd: str = ""  # why it is not an nsqlookupd at all
+    failure: str = ""  # why it did not answer
+    error: NSQError | None = None  # raised once every lookupd was asked
+
+
 class Admin:
     """Creates and deletes topics and channels.
 
     Give ``lookupd`` (nsqlookupd HTTP addresses; youzan or classic) or ``nsqd_http`` (classic nsqd
     HTTP addresses, ``host:port``). ``timeout`` bounds each HTTP request, its whole answer
     included, and ``max_answer_bytes`` (4 MiB) its size. Use it as an async context manager, or
-    call :meth:`close`.
+    call :meth:`close`. A ``lookupd`` address that is an nsqd is found out by the first call
+    (see :meth:`is_youzan`): NotLookupdError.
     """
 
     def __init__(
@@ -152,9 +165,14 @@ class Admin:
     # ------------------------------------------------------------------ public API
 
     async def is_youzan(self) -> bool:
-        """Whether the cluster is a youzan HA cluster (its nsqlookupd has HA support)."""
+        """Whether the cluster is a youzan HA cluster (its nsqlookupd has HA support).
+
+        Asked first by every call, it also checks the ``lookupd`` addresses: one that is an
+        nsqd (its HTTP port, whose ``/info`` names its TCP port, or its TCP port, which
+        answers ``E_BAD_PROTOCOL``) is left out with a warning, and NotLookupdError is
+        raised when every one that answered is."""
         if self._youzan is None:
-            info = await self._get_any(self._lookupds, "/info", {})
+            info = await self._lookupd_info()
             self._youzan = isinstance(info, dict) and bool(info.get("ha_support"))
         return self._youzan
 
@@ -504,6 +522,55 @@ class Admin:
                 candidates.append(f"http://{leader.http_address}")
             break
         return list(dict.fromkeys(candidates))
+
+    async def _lookupd_info(self) -> object:
+        """``/info`` of the first given lookupd that answers it as an nsqlookupd; those
+        that are nsqds are left out (every one asked at once, on the first call)."""
+        answers = await asyncio.gather(*(self._info_of(base) for base in self._lookupds))
+        for answer in answers:
+            if answer.error is not None:
+                raise answer.error
+        wrong = [answer.not_lookupd for answer in answers if answer.not_lookupd]
+        if wrong:
+            kept = [answer.base for answer in answers if not answer.not_lookupd]
+            if not kept:
+                raise NotLookupdError("; ".join(wrong))
+            for not_lookupd in wrong:
+                log.warning("%s", not_lookupd)
+            self._lookupds = kept
+        for answer in answers:
+            if answer.info is not None and not answer.not_lookupd:
+                return answer.info
+        failures = [answer.failure for answer in answers]
+        raise AdminError("no nsqlookupd answered /info: " + "; ".join(failures))
+
+    async def _info_of(self, base: str) -> _LookupdInfo:
+        """What ``base`` answers to ``/info``, and whether that is an nsqlookupd."""
+        try:
+            info = await self._request("GET", base, "/info", {})
+        except ConnectionClosedError as exc:
+            return _LookupdInfo(base, failure=str(exc))
+        except NotHttpError:
+            return _LookupdInfo(
+                base,
+                not_lookupd=f"{base} is an nsqd's TCP address, not an nsqlookupd (it answered "
+                "E_BAD_PROTOCOL): give nsqlookupd's HTTP address (default port 4161)",
+            )
+        except NSQError as exc:
+            return _LookupdInfo(base, error=exc)
+        if isinstance(info, LookupdHTTPError):
+            return _LookupdInfo(base, error=_refused(info, base + "/info"))
+        if isinstance(info, dict) and "tcp_port" in info:
+            # nsqd's /info names its ports; nsqlookupd's does not.
+            not_lookupd = (
+                f"{base} is an nsqd's HTTP address, not an nsqlookupd: give nsqlookupd's "
+                "HTTP address (default port 4161)"
+            )
+            if not info.get("ha_support"):
+                address = base.split("://", 1)[1]
+                not_lookupd += f", or nsqd_http=['{address}'] to manage that classic nsqd directly"
+            return _LookupdInfo(base, info, not_lookupd=not_lookupd)
+        return _LookupdInfo(base, info)
 
     async def _layout(self, topic: str, access: str) -> TopicLayout | None:
         """The topic's layout from the first lookupd that answers (None: not known)."""
