@@ -32,7 +32,7 @@ from smartnsq.testing.lookupd import LookupdNode
 from smartnsq.testing.nsqd import NodeSettings, NsqdNode
 from smartnsq.testing.nsqd_http import NsqdHttpApi
 from smartnsq.testing.state import Channel, ChannelRecord, Partition, PartitionLog, Record, Topic
-from smartnsq.testing.topology import TopicRefused, Topology
+from smartnsq.testing.topology import TopicExists, TopicRefused, Topology
 
 __all__ = ["Cluster", "ClusterError"]
 
@@ -379,6 +379,8 @@ class Cluster:
         leadership spreads as topics are created); an ordered or multi-part one, or a plain
         one bigger than the cluster (which a real nsqlookupd refuses; this API allows it for
         small test clusters), round the live nodes from a start its name's hash picks.
+        A topic that exists is returned when it has these settings; with others,
+        ClusterError says both.
         """
         topic = self.create_topic_now(
             name,
@@ -411,7 +413,9 @@ class Cluster:
         """:meth:`create_topic` without awaiting (and what nsqlookupd ``/topic/create``
         runs: with ``strict_placement``, partitions x replicas may not exceed the live
         nodes unless several partitions may share a node, as the real lookupd checks).
-        What nsqlookupd refuses raises its answer, an ``ApiError`` (400)."""
+        A topic that exists with other settings raises ClusterError saying both (nsqlookupd
+        answers that "No node is available for topic"); what else nsqlookupd refuses raises
+        its answer, an ``ApiError`` (400)."""
         try:
             return self._topology.create_topic(
                 name,
@@ -425,6 +429,11 @@ class Cluster:
                 strict_placement=strict_placement,
                 placement=placement,
             )
+        except TopicExists as exc:
+            raise ClusterError(
+                f"topic {name!r} exists with other settings ({exc.existing}); asked for "
+                f"{exc.wanted}"
+            ) from None
         except TopicRefused as exc:
             raise ApiError(400, str(exc)) from None
 
