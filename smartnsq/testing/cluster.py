@@ -14,12 +14,13 @@ you call the fault-injection methods (or after ``failover_delay`` when a node st
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import ssl
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar, cast, overload
 
 from smartnsq.errors import ValidationError
 from smartnsq.protocol.validation import MAX_BODY_SIZE, MAX_MSG_SIZE
@@ -186,6 +187,7 @@ class Cluster:
         ]
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self._stopped = False
 
@@ -238,7 +240,7 @@ class Cluster:
         if self._started:
             raise ClusterError("cluster already started")
         self._started = True
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._changes.start()
         self._topology.start(loop)
         for lookupd in self.lookupds:
@@ -292,6 +294,55 @@ class Cluster:
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
+
+    @overload
+    def call_from_thread(self, work: Coroutine[Any, Any, T], *, timeout: float = ...) -> T: ...
+
+    @overload
+    def call_from_thread(self, work: Callable[[], T], *, timeout: float = ...) -> T: ...
+
+    def call_from_thread(
+        self, work: Coroutine[Any, Any, T] | Callable[[], T], *, timeout: float = 30.0
+    ) -> T:
+        """Run ``work`` on the cluster's event loop from another thread and return its
+        result: a coroutine (``cluster.call_from_thread(cluster.create_topic("orders", 2,
+        1))``) or a function of no argument (``lambda: cluster.messages("orders")``). How
+        blocking code calls a cluster whose loop runs in a thread of its own, as the
+        ``nsq_cluster`` fixture's does for a plain ``def test_...``. Within ``timeout``
+        seconds (TimeoutError, and ``work`` is cancelled); ClusterError when the cluster is
+        not running, and on the cluster's own loop, where ``await`` (or a plain call) is the
+        way: waiting there would block the loop for ever."""
+        loop = self._loop
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        on_loop = loop is not None and running is loop
+        if loop is None or self._stopped or on_loop:
+            if inspect.iscoroutine(work):
+                work.close()  # never to run: no "never awaited" warning
+            if on_loop:
+                raise ClusterError(
+                    "call_from_thread was called on the cluster's own event loop, which it "
+                    "would block for ever: call the method there directly (await it if it is "
+                    "async)"
+                )
+            raise ClusterError("the cluster is not running (start it first)")
+
+        async def run() -> T:
+            if not callable(work):
+                return await work
+            result = work()
+            if inspect.isawaitable(result):
+                return cast(T, await result)
+            return result
+
+        future = asyncio.run_coroutine_threadsafe(run(), loop)
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            future.cancel()
+            raise
 
     def track(self, task: asyncio.Task[Any]) -> None:
         """Keep a background task of the emulator referenced until done; cancelled by stop()."""
