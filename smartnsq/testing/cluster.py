@@ -668,27 +668,27 @@ class Cluster:
     def blackhole_lookupd(self, index: int) -> None:
         """nsqlookupd ``index`` stops answering, silently (as :meth:`blackhole` does to a
         node's HTTP server) until :meth:`heal_lookupd`."""
-        self.lookupds[index].http.blackhole()
+        self._lookupd(index).http.blackhole()
 
     def heal_lookupd(self, index: int) -> None:
         """nsqlookupd ``index`` answers again; held answers are delivered."""
-        self.lookupds[index].http.heal()
+        self._lookupd(index).http.heal()
 
     async def stop_lookupd(self, index: int) -> None:
         """Stop an nsqlookupd (its port stays reserved for a restart)."""
-        await self.lookupds[index].stop()
+        await self._lookupd(index).stop()
 
     async def start_lookupd(self, index: int) -> None:
         """Start a stopped nsqlookupd again, on the same port."""
-        await self.lookupds[index].start()
+        await self._lookupd(index).start()
 
     def freeze_lookupd(self, index: int, topics: Sequence[str]) -> None:
         """Make a lookupd keep answering lookups of ``topics`` as they are now (stale)."""
-        self.lookupds[index].snapshot(list(topics))
+        self._lookupd(index).snapshot(list(topics))
 
     def thaw_lookupd(self, index: int) -> None:
         """The lookupd answers from the live state again (see :meth:`freeze_lookupd`)."""
-        self.lookupds[index].frozen = None
+        self._lookupd(index).frozen = None
 
     async def disable_write(self, kind: str = "all") -> None:
         """nsqlookupd ``/disable/write``: "all", "ordered", or "" to re-enable."""
@@ -697,6 +697,15 @@ class Cluster:
 
     def _node(self, index: int) -> NsqdNode:
         return self.nodes[self._directory.nsqd(index).index]
+
+    def _lookupd(self, index: int) -> LookupdNode:
+        """nsqlookupd ``index``; ClusterError if the cluster has no such lookupd (a negative
+        index too, which a list would take from the end)."""
+        if type(index) is not int or not 0 <= index < len(self.lookupds):
+            raise ClusterError(
+                f"no nsqlookupd {index!r} (lookupds are 0..{len(self.lookupds) - 1})"
+            )
+        return self.lookupds[index]
 
     # ------------------------------------------------------------------ introspection
 
