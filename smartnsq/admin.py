@@ -97,6 +97,7 @@ class _LookupdInfo(NamedTuple):
     """What a lookupd given to Admin answered to ``/info``."""
 
     base: str
+    answered: bool = False
     info: object = None
     not_lookupd: str = ""  # why it is not an nsqlookupd at all
     failure: str = ""  # why it did not answer
@@ -539,9 +540,9 @@ class Admin:
                 log.warning("%s", not_lookupd)
             self._lookupds = kept
         for answer in answers:
-            if answer.info is not None and not answer.not_lookupd:
+            if answer.answered and not answer.not_lookupd:
                 return answer.info
-        failures = [answer.failure for answer in answers]
+        failures = [answer.failure for answer in answers if answer.failure]
         raise AdminError("no nsqlookupd answered /info: " + "; ".join(failures))
 
     async def _info_of(self, base: str) -> _LookupdInfo:
@@ -569,8 +570,8 @@ class Admin:
             if not info.get("ha_support"):
                 address = base.split("://", 1)[1]
                 not_lookupd += f", or nsqd_http=['{address}'] to manage that classic nsqd directly"
-            return _LookupdInfo(base, info, not_lookupd=not_lookupd)
-        return _LookupdInfo(base, info)
+            return _LookupdInfo(base, True, info, not_lookupd=not_lookupd)
+        return _LookupdInfo(base, True, info)
 
     async def _layout(self, topic: str, access: str) -> TopicLayout | None:
         """The topic's layout from the first lookupd that answers (None: not known)."""
