@@ -27,14 +27,16 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from smartnsq.client.moves import announce
 from smartnsq.errors import (
     AdminError,
     ClientClosedError,
     ConnectionClosedError,
+    NotHttpError,
     NotLeaderError,
+    NotLookupdError,
     NSQError,
     NSQTimeoutError,
     PlacementError,
@@ -59,7 +61,6 @@ from smartnsq.protocol.offsets import (
     SeekResult,
     landed_offset,
     lies_past_end,
-    setoffset_body,
 )
 from smartnsq.protocol.validation import (
     MAX_PARTITIONS,
@@ -92,13 +93,25 @@ _POLL = 0.1  # seconds between readiness checks of a created topic
 _REPOST = 2.0
 
 
+class _LookupdInfo(NamedTuple):
+    """What a lookupd given to Admin answered to ``/info``."""
+
+    base: str
+    answered: bool = False
+    info: object = None
+    not_lookupd: str = ""  # why it is not an nsqlookupd at all
+    failure: str = ""  # why it did not answer
+    error: NSQError | None = None  # raised once every lookupd was asked
+
+
 class Admin:
     """Creates and deletes topics and channels.
 
     Give ``lookupd`` (nsqlookupd HTTP addresses; youzan or classic) or ``nsqd_http`` (classic nsqd
     HTTP addresses, ``host:port``). ``timeout`` bounds each HTTP request, its whole answer
     included, and ``max_answer_bytes`` (4 MiB) its size. Use it as an async context manager, or
-    call :meth:`close`.
+    call :meth:`close`. A ``lookupd`` address that is an nsqd is found out by the first call
+    (see :meth:`is_youzan`): NotLookupdError.
     """
 
     def __init__(
@@ -154,9 +167,14 @@ class Admin:
     # ------------------------------------------------------------------ public API
 
     async def is_youzan(self) -> bool:
-        """Whether the cluster is a youzan HA cluster (its nsqlookupd has HA support)."""
+        """Whether the cluster is a youzan HA cluster (its nsqlookupd has HA support).
+
+        Asked first by every call, it also checks the ``lookupd`` addresses: one that is an
+        nsqd (its HTTP port, whose ``/info`` names its TCP port, or its TCP port, which
+        answers ``E_BAD_PROTOCOL``) is left out with a warning, and NotLookupdError is
+        raised when every one that answered is."""
         if self._youzan is None:
-            info = await self._get_any(self._lookupds, "/info", {})
+            info = await self._lookupd_info()
             self._youzan = isinstance(info, dict) and bool(info.get("ha_support"))
         return self._youzan
 
@@ -284,11 +302,12 @@ class Admin:
         self,
         topic: str,
         channel: str,
-        position: StartPosition,
+        position: StartPosition | Literal["earliest", "latest"],
         partitions: Sequence[int] | None = None,
     ) -> list[SeekResult]:
-        """Move ``channel``'s consume position to ``position`` in every partition of
-        ``topic`` (or only in ``partitions``), through each partition's leader
+        """Move ``channel``'s consume position to ``position`` (a :class:`StartPosition`, or
+        ``"earliest"`` or ``"latest"`` as ``Consumer(start=...)`` takes them) in every
+        partition of ``topic`` (or only in ``partitions``), through each partition's leader
         (``POST /channel/setoffset``). One result per partition, in partition order; a
         partition without any message is reported ``empty`` and left as it is.
 
@@ -311,7 +330,7 @@ class Admin:
         """
         check_topic(topic)
         check_channel(channel)
-        setoffset_body(position)  # checks the position
+        position = _seek_position(position)
         wanted = _partition_ids(partitions)
         await self._require_offsets("seek a channel")
         leaders = await self._leaders(topic, wanted)
@@ -505,6 +524,55 @@ class Admin:
                 candidates.append(f"http://{leader.http_address}")
             break
         return list(dict.fromkeys(candidates))
+
+    async def _lookupd_info(self) -> object:
+        """``/info`` of the first given lookupd that answers it as an nsqlookupd; those
+        that are nsqds are left out (every one asked at once, on the first call)."""
+        answers = await asyncio.gather(*(self._info_of(base) for base in self._lookupds))
+        for answer in answers:
+            if answer.error is not None:
+                raise answer.error
+        wrong = [answer.not_lookupd for answer in answers if answer.not_lookupd]
+        if wrong:
+            kept = [answer.base for answer in answers if not answer.not_lookupd]
+            if not kept:
+                raise NotLookupdError("; ".join(wrong))
+            for not_lookupd in wrong:
+                log.warning("%s", not_lookupd)
+            self._lookupds = kept
+        for answer in answers:
+            if answer.answered and not answer.not_lookupd:
+                return answer.info
+        failures = [answer.failure for answer in answers if answer.failure]
+        raise AdminError("no nsqlookupd answered /info: " + "; ".join(failures))
+
+    async def _info_of(self, base: str) -> _LookupdInfo:
+        """What ``base`` answers to ``/info``, and whether that is an nsqlookupd."""
+        try:
+            info = await self._request("GET", base, "/info", {})
+        except ConnectionClosedError as exc:
+            return _LookupdInfo(base, failure=str(exc))
+        except NotHttpError:
+            return _LookupdInfo(
+                base,
+                not_lookupd=f"{base} is an nsqd's TCP address, not an nsqlookupd (it answered "
+                "E_BAD_PROTOCOL): give nsqlookupd's HTTP address (default port 4161)",
+            )
+        except NSQError as exc:
+            return _LookupdInfo(base, error=exc)
+        if isinstance(info, LookupdHTTPError):
+            return _LookupdInfo(base, error=_refused(info, base + "/info"))
+        if isinstance(info, dict) and "tcp_port" in info:
+            # nsqd's /info names its ports; nsqlookupd's does not.
+            not_lookupd = (
+                f"{base} is an nsqd's HTTP address, not an nsqlookupd: give nsqlookupd's "
+                "HTTP address (default port 4161)"
+            )
+            if not info.get("ha_support"):
+                address = base.split("://", 1)[1]
+                not_lookupd += f", or nsqd_http=['{address}'] to manage that classic nsqd directly"
+            return _LookupdInfo(base, True, info, not_lookupd=not_lookupd)
+        return _LookupdInfo(base, True, info)
 
     async def _layout(self, topic: str, access: str) -> TopicLayout | None:
         """The topic's layout from the first lookupd that answers (None: not known)."""
@@ -704,6 +772,23 @@ def _partition_ids(partitions: Sequence[int] | None) -> list[int] | None:
     if not partitions:
         raise ValidationError("partitions", "is empty (None means every partition)")
     return list(dict.fromkeys(check_partition(p, "partitions") for p in partitions))
+
+
+def _seek_position(position: object) -> StartPosition:
+    """``position``: a StartPosition, or one of the two positions Kafka users name, as
+    ``Consumer(start=...)`` takes them."""
+    if position == "earliest":
+        return StartPosition.earliest()
+    if position == "latest":
+        return StartPosition.latest()
+    if not isinstance(position, StartPosition):
+        raise ValidationError(
+            "position",
+            "must be a StartPosition (StartPosition.earliest(), .latest(), .queue_offset(n), "
+            ".message_count(n), .timestamp(t), or StartPosition.parse(text)), 'earliest' or "
+            f"'latest'; got {position!r}",
+        )
+    return position
 
 
 def _check_wait(wait: float | None) -> float | None:

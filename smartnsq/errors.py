@@ -49,6 +49,7 @@ __all__ = [
     "NSQError",
     "NSQTimeoutError",
     "NoWritablePartitionError",
+    "NotHttpError",
     "NotLeaderError",
     "NotLookupdError",
     "NotNsqdError",
@@ -109,6 +110,12 @@ class ProtocolError(NSQError):
 class NotNsqdError(ProtocolError):
     """An address given as an nsqd TCP port answers HTTP (nsqd's HTTP port, another web
     service): a configuration mistake that retrying cannot fix."""
+
+
+class NotHttpError(ProtocolError):
+    """An address given as an HTTP address (nsqlookupd's, or nsqd's HTTP API) is an nsqd TCP
+    port: it answered the request with nsqd's ``E_BAD_PROTOCOL`` frame. A configuration
+    mistake that retrying cannot fix (the reverse of :class:`NotNsqdError`)."""
 
 
 class ConnectionClosedError(NSQError, ConnectionError):

@@ -35,8 +35,8 @@ ones), on each partition's leader. --to takes:
   offset:N          queue offset N (a byte position; inside a message: the next message)
   message:N         the N-th message of the partition, from 1 (message:1 is the first)
   timestamp:T       the first message published at or after T (unix seconds, a fraction
-                    dropped: nsqd works in seconds; or ISO 8601 with its UTC offset, e.g.
-                    2026-11-24T10:00:00Z)
+                    dropped: nsqd works in seconds, not milliseconds; or ISO 8601 with its
+                    UTC offset, e.g. 2026-11-24T10:00:00Z)
 
 nsqd forgets the messages in flight on the channel (their FINs fail) and delivers from the
 new position again, not necessarily in queue order. A position past the end of a partition's

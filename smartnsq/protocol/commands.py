@@ -43,6 +43,7 @@ from smartnsq.protocol.validation import (
 __all__ = [
     "CLS",
     "MAGIC_V2",
+    "MAX_TIMESTAMP_SECONDS",
     "NOP",
     "StartPosition",
     "auth",
@@ -151,6 +152,9 @@ class StartPosition:
     - :meth:`message_count` (``message:N``, wire ``msgcount``): the N-th message, from 1.
     - :meth:`timestamp` (``timestamp:T``): the first message published at or after that unix
       second. nsqd finds positions by the second: a fraction (``time.time()``) is dropped.
+      nsqd multiplies the second by 10^9 in a signed 64-bit integer, so seconds past
+      :data:`MAX_TIMESTAMP_SECONDS` (2262) are refused here: such a value, in milliseconds
+      say, would wrap round in nsqd and move the channel to a position nobody asked for.
     - :meth:`earliest` (byte offset 0: the queue's first message) and :meth:`latest` /
       :meth:`end` (``special:-1``: after the last message).
 
@@ -179,11 +183,14 @@ class StartPosition:
             raise ValidationError("start.value", f"must be >= 0, got {self.value}")
         if self.value > _INT64_MAX:
             raise ValidationError("start.value", "must fit in a signed 64-bit integer")
+        if self.kind == "timestamp":
+            _check_seconds(self.value, "start.value")
 
     @classmethod
     def timestamp(cls, unix_seconds: float) -> StartPosition:
         """The first message published at or after ``unix_seconds`` (an int, or a float such
-        as ``time.time()``: nsqd works in whole seconds, so the fraction is dropped)."""
+        as ``time.time()``: nsqd works in whole seconds, so the fraction is dropped). Seconds,
+        not milliseconds: a value past :data:`MAX_TIMESTAMP_SECONDS` raises ValidationError."""
         if type(unix_seconds) is float:
             if not math.isfinite(unix_seconds) or unix_seconds < 0:
                 raise ValidationError(
@@ -243,9 +250,17 @@ class StartPosition:
             )
         if kind == "timestamp" and not _is_integer(value):
             seconds = _decimal_seconds(value)
-            return cls("timestamp", _iso_seconds(value) if seconds is None else seconds)
+            if seconds is None:
+                seconds = _iso_seconds(value)
+                if seconds > MAX_TIMESTAMP_SECONDS:
+                    raise ValidationError(
+                        "position", f"{text!r} is after the last second nsqd can take (2262)"
+                    )
+            return cls("timestamp", _check_seconds(seconds, "position"))
         if not _is_integer(value):
             raise ValidationError("position", f"{text!r}: {value!r} is not an integer")
+        if kind == "timestamp":
+            _check_seconds(int(value), "position")
         if kind == "msgcount" and int(value) == 0:
             raise ValidationError(
                 "position",
@@ -268,6 +283,28 @@ class StartPosition:
 
 
 _INT64_MAX = (1 << 63) - 1
+#: The last unix second nsqd can take as a timestamp position (2262-04-11): youzan nsqd's
+#: ``SearchLogByMsgTimestamp`` (consistence/nsqd_coordinator.go, youzan/nsq 0.3.7-HA.1.13.0)
+#: multiplies the second by 10^9 in an int64, refuses a product that wrapped below zero
+#: ("Invalid timestamp") and searches for one that wrapped to another positive value.
+MAX_TIMESTAMP_SECONDS = _INT64_MAX // 1_000_000_000
+
+
+def _check_seconds(seconds: int, field: str) -> int:
+    """``seconds`` when nsqd can represent it as a timestamp position; else ValidationError,
+    naming the unit a too large value was probably given in."""
+    if seconds <= MAX_TIMESTAMP_SECONDS:
+        return seconds
+    unit, per_second = "nanoseconds", 10**9
+    if seconds <= MAX_TIMESTAMP_SECONDS * 10**3:
+        unit, per_second = "milliseconds", 10**3
+    elif seconds <= MAX_TIMESTAMP_SECONDS * 10**6:
+        unit, per_second = "microseconds", 10**6
+    raise ValidationError(
+        field,
+        f"timestamp {seconds} is not unix seconds nsqd can take (at most "
+        f"{MAX_TIMESTAMP_SECONDS}, in 2262); in {unit}? divide by {per_second}",
+    )
 
 
 def _is_integer(text: str) -> bool:

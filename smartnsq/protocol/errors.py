@@ -12,8 +12,22 @@ become :class:`~smartnsq.errors.UnknownServerError`.
 from __future__ import annotations
 
 from smartnsq import errors as e
+from smartnsq.protocol.frames import FRAME_TYPE_ERROR, encode_frame
 
-__all__ = ["ERROR_CLASSES", "PUBLISH_COMMANDS", "error_code", "error_from_frame", "is_fatal"]
+__all__ = [
+    "BAD_PROTOCOL_FRAME",
+    "ERROR_CLASSES",
+    "PUBLISH_COMMANDS",
+    "error_code",
+    "error_from_frame",
+    "is_fatal",
+]
+
+#: What nsqd writes to a connection whose first 4 bytes are not its protocol magic (an HTTP
+#: request sent to its TCP port, say), before it closes the connection: the error frame
+#: ``E_BAD_PROTOCOL``, no description (``tcpServer.Handle``, nsqd/tcp.go in nsqio/nsq v1.3.0
+#: and nsqdserver/tcp.go in youzan/nsq 0.3.7-HA.1.13.0).
+BAD_PROTOCOL_FRAME = encode_frame(FRAME_TYPE_ERROR, b"E_BAD_PROTOCOL")
 
 PUBLISH_COMMANDS = frozenset(
     {"PUB", "MPUB", "PUB_TRACE", "MPUB_TRACE", "PUB_EXT", "MPUB_EXT", "DPUB"}

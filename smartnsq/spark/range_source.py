@@ -317,4 +317,9 @@ class NsqRangeBatchReader(_Ranges, DataSourceReader):
         return self._partitions(starts, ends)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if type(partition) is InputPartition and partition.value is None:
+            # Nothing to read (an empty topic, every partition at its end): Spark plans one
+            # task all the same, with this placeholder (pyspark 4's
+            # sql/worker/plan_data_source_read.py, when partitions() is empty).
+            return iter(())
         return self._read(partition)

@@ -14,12 +14,13 @@ you call the fault-injection methods (or after ``failover_delay`` when a node st
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import ssl
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar, cast, overload
 
 from smartnsq.errors import ValidationError
 from smartnsq.protocol.validation import MAX_BODY_SIZE, MAX_MSG_SIZE
@@ -32,7 +33,7 @@ from smartnsq.testing.lookupd import LookupdNode
 from smartnsq.testing.nsqd import NodeSettings, NsqdNode
 from smartnsq.testing.nsqd_http import NsqdHttpApi
 from smartnsq.testing.state import Channel, ChannelRecord, Partition, PartitionLog, Record, Topic
-from smartnsq.testing.topology import TopicRefused, Topology
+from smartnsq.testing.topology import TopicExists, TopicRefused, Topology
 
 __all__ = ["Cluster", "ClusterError"]
 
@@ -186,6 +187,7 @@ class Cluster:
         ]
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self._stopped = False
 
@@ -238,7 +240,7 @@ class Cluster:
         if self._started:
             raise ClusterError("cluster already started")
         self._started = True
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._changes.start()
         self._topology.start(loop)
         for lookupd in self.lookupds:
@@ -292,6 +294,55 @@ class Cluster:
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
+
+    @overload
+    def call_from_thread(self, work: Coroutine[Any, Any, T], *, timeout: float = ...) -> T: ...
+
+    @overload
+    def call_from_thread(self, work: Callable[[], T], *, timeout: float = ...) -> T: ...
+
+    def call_from_thread(
+        self, work: Coroutine[Any, Any, T] | Callable[[], T], *, timeout: float = 30.0
+    ) -> T:
+        """Run ``work`` on the cluster's event loop from another thread and return its
+        result: a coroutine (``cluster.call_from_thread(cluster.create_topic("orders", 2,
+        1))``) or a function of no argument (``lambda: cluster.messages("orders")``). How
+        blocking code calls a cluster whose loop runs in a thread of its own, as the
+        ``nsq_cluster`` fixture's does for a plain ``def test_...``. Within ``timeout``
+        seconds (TimeoutError, and ``work`` is cancelled); ClusterError when the cluster is
+        not running, and on the cluster's own loop, where ``await`` (or a plain call) is the
+        way: waiting there would block the loop for ever."""
+        loop = self._loop
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        on_loop = loop is not None and running is loop
+        if loop is None or self._stopped or on_loop:
+            if inspect.iscoroutine(work):
+                work.close()  # never to run: no "never awaited" warning
+            if on_loop:
+                raise ClusterError(
+                    "call_from_thread was called on the cluster's own event loop, which it "
+                    "would block for ever: call the method there directly (await it if it is "
+                    "async)"
+                )
+            raise ClusterError("the cluster is not running (start it first)")
+
+        async def run() -> T:
+            if not callable(work):
+                return await work
+            result = work()
+            if inspect.isawaitable(result):
+                return cast(T, await result)
+            return result
+
+        future = asyncio.run_coroutine_threadsafe(run(), loop)
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            future.cancel()
+            raise
 
     def track(self, task: asyncio.Task[Any]) -> None:
         """Keep a background task of the emulator referenced until done; cancelled by stop()."""
@@ -379,6 +430,8 @@ class Cluster:
         leadership spreads as topics are created); an ordered or multi-part one, or a plain
         one bigger than the cluster (which a real nsqlookupd refuses; this API allows it for
         small test clusters), round the live nodes from a start its name's hash picks.
+        A topic that exists is returned when it has these settings; with others,
+        ClusterError says both.
         """
         topic = self.create_topic_now(
             name,
@@ -411,7 +464,9 @@ class Cluster:
         """:meth:`create_topic` without awaiting (and what nsqlookupd ``/topic/create``
         runs: with ``strict_placement``, partitions x replicas may not exceed the live
         nodes unless several partitions may share a node, as the real lookupd checks).
-        What nsqlookupd refuses raises its answer, an ``ApiError`` (400)."""
+        A topic that exists with other settings raises ClusterError saying both (nsqlookupd
+        answers that "No node is available for topic"); what else nsqlookupd refuses raises
+        its answer, an ``ApiError`` (400)."""
         try:
             return self._topology.create_topic(
                 name,
@@ -425,6 +480,11 @@ class Cluster:
                 strict_placement=strict_placement,
                 placement=placement,
             )
+        except TopicExists as exc:
+            raise ClusterError(
+                f"topic {name!r} exists with other settings ({exc.existing}); asked for "
+                f"{exc.wanted}"
+            ) from None
         except TopicRefused as exc:
             raise ApiError(400, str(exc)) from None
 
@@ -608,27 +668,27 @@ class Cluster:
     def blackhole_lookupd(self, index: int) -> None:
         """nsqlookupd ``index`` stops answering, silently (as :meth:`blackhole` does to a
         node's HTTP server) until :meth:`heal_lookupd`."""
-        self.lookupds[index].http.blackhole()
+        self._lookupd(index).http.blackhole()
 
     def heal_lookupd(self, index: int) -> None:
         """nsqlookupd ``index`` answers again; held answers are delivered."""
-        self.lookupds[index].http.heal()
+        self._lookupd(index).http.heal()
 
     async def stop_lookupd(self, index: int) -> None:
         """Stop an nsqlookupd (its port stays reserved for a restart)."""
-        await self.lookupds[index].stop()
+        await self._lookupd(index).stop()
 
     async def start_lookupd(self, index: int) -> None:
         """Start a stopped nsqlookupd again, on the same port."""
-        await self.lookupds[index].start()
+        await self._lookupd(index).start()
 
     def freeze_lookupd(self, index: int, topics: Sequence[str]) -> None:
         """Make a lookupd keep answering lookups of ``topics`` as they are now (stale)."""
-        self.lookupds[index].snapshot(list(topics))
+        self._lookupd(index).snapshot(list(topics))
 
     def thaw_lookupd(self, index: int) -> None:
         """The lookupd answers from the live state again (see :meth:`freeze_lookupd`)."""
-        self.lookupds[index].frozen = None
+        self._lookupd(index).frozen = None
 
     async def disable_write(self, kind: str = "all") -> None:
         """nsqlookupd ``/disable/write``: "all", "ordered", or "" to re-enable."""
@@ -637,6 +697,15 @@ class Cluster:
 
     def _node(self, index: int) -> NsqdNode:
         return self.nodes[self._directory.nsqd(index).index]
+
+    def _lookupd(self, index: int) -> LookupdNode:
+        """nsqlookupd ``index``; ClusterError if the cluster has no such lookupd (a negative
+        index too, which a list would take from the end)."""
+        if type(index) is not int or not 0 <= index < len(self.lookupds):
+            raise ClusterError(
+                f"no nsqlookupd {index!r} (lookupds are 0..{len(self.lookupds) - 1})"
+            )
+        return self.lookupds[index]
 
     # ------------------------------------------------------------------ introspection
 

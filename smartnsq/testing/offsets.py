@@ -11,7 +11,9 @@ seek delivers was observed (docs/protocol.md#reading-after-a-seek):
   searches (consistence/nsqd_coordinator.go) over the commit log (consistence/commitlog.go):
   ``virtual_queue`` lands on the first message boundary at or after the byte offset;
   ``msgcount:N`` on the N-th message (1-based: the search stops with N - 1 messages before the
-  position); ``timestamp`` on the first message published at or after that second;
+  position); ``timestamp`` on the first message published at or after that second, its
+  nanoseconds an int64 (a second past 2262 wraps round: to a negative value, refused, or to
+  another instant, searched for);
   ``special:-1`` at the end. The searches clamp: a position before the queue lands on its first
   message, one past it on the end (``SearchLogByMsgOffset`` and ``SearchLogByMsgCnt`` find
   the last commit log entry, then read the queue on from it until the disk queue's EOF,
@@ -91,7 +93,10 @@ def locate_position(log: PartitionLog, position: ConsumeOffset) -> int:
         if value != -1:
             raise OffsetError("not supported offset type")
         return len(records)
-    if kind == "timestamp" and to_int64(value * 1_000_000_000) < 0:
+    # nsqd's nanoseconds are an int64: a second past 2262 wraps round, below zero (refused)
+    # or to another positive instant (searched for, wherever that lands).
+    nanoseconds = to_int64(value * 1_000_000_000)
+    if kind == "timestamp" and nanoseconds < 0:
         raise OffsetError(f"Invalid timestamp {value}")
     if not records:
         raise OffsetError(_EMPTY_QUEUE)
@@ -99,7 +104,7 @@ def locate_position(log: PartitionLog, position: ConsumeOffset) -> int:
         return log.index_for_offset(value)
     if kind == "msgcount":
         return min(max(value - 1, 0), len(records))
-    return log.index_for_timestamp(value)
+    return log.index_for_timestamp(nanoseconds)
 
 
 def seek_channel(channel: Channel, index: int, *, reorder: bool) -> None:

@@ -44,7 +44,18 @@ Docker engine the tests that use it are skipped, with the reason.
 The marker takes :class:`smartnsq.testing.Cluster`'s arguments (``nodes``, ``classic``,
 ``lookupds``, ``failover_delay``, ``msg_timeout``...) and may be set on a test, a class or
 a module (``pytestmark``); the closest one wins. The cluster is function-scoped and stopped
-after the test. The fixture needs pytest-asyncio (strict or auto mode).
+after the test. An ``async def`` test gets a cluster on its own event loop, which needs
+pytest-asyncio (strict or auto mode). A plain ``def`` test (blocking code under test, such
+as ``smartnsq.sync`` clients) gets one on an event loop in a thread of its own, which runs
+while the test blocks: the test calls the cluster's coroutines (and anything that changes
+it) through :meth:`~smartnsq.testing.Cluster.call_from_thread`::
+
+    def test_blocking(nsq_cluster):
+        nsq_cluster.call_from_thread(nsq_cluster.create_topic("orders", 1, 1, channels=["c"]))
+        with smartnsq.sync.Producer(lookupd=[nsq_cluster.lookupd_url]) as producer:
+            producer.publish("orders", b"x")
+
+The fault proxies' fixtures need an ``async def`` test (their proxies run on its loop).
 
 This module is imported by every pytest run where smartnsq is installed, so it imports
 nothing but pytest; the fixture's module is loaded at configure time, the cluster when a
@@ -69,8 +80,11 @@ __all__ = [
     "DOCKER_MARKER",
     "MARKER",
     "PROXIES_MARKER",
+    "async_test_only",
     "cluster_from_marker",
+    "cluster_in_a_thread",
     "docker_cluster_from_marker",
+    "is_async_test",
     "proxies_from_marker",
 ]
 
@@ -78,6 +92,8 @@ MARKER = "nsq_cluster"
 DOCKER_MARKER = "nsq_docker"
 PROXIES_MARKER = "nsq_fault_proxies"
 _FIXTURES = "smartnsq.testing._pytest_fixtures"
+# Seconds a plain def test's cluster may take to start or stop on its loop thread.
+_THREAD_TIMEOUT = 30.0
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -117,13 +133,61 @@ def _needs_asyncio(name: str) -> None:
     )
 
 
+def is_async_test(request: pytest.FixtureRequest) -> bool:
+    """Whether the test asking for a fixture is an ``async def`` (run on an event loop of
+    pytest-asyncio's) rather than a plain function."""
+    return inspect.iscoroutinefunction(request.function)
+
+
+def async_test_only(request: pytest.FixtureRequest, name: str) -> None:
+    """Fail at once when a plain ``def`` test asks for ``name``, whose servers run on the
+    test's event loop: nothing runs that loop while such a test blocks."""
+    if not is_async_test(request):
+        pytest.fail(
+            f"the {name} fixture needs an async test (async def test_...): its proxies run "
+            "on the test's event loop; a plain def test gets nsq_cluster on a loop thread of "
+            "its own, without proxies",
+            pytrace=False,
+        )
+
+
+def cluster_in_a_thread(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """The ``nsq_cluster`` of a plain ``def`` test: started on an event loop in a thread of
+    its own (blocking code under test waits on the cluster, whose loop must run meanwhile),
+    stopped and the thread ended after the test."""
+    import asyncio
+    import threading
+
+    cluster = cluster_from_marker(request)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="nsq_cluster", daemon=True)
+    thread.start()
+    try:
+        asyncio.run_coroutine_threadsafe(cluster.start(), loop).result(_THREAD_TIMEOUT)
+        try:
+            yield cluster
+        finally:
+            asyncio.run_coroutine_threadsafe(cluster.stop(), loop).result(_THREAD_TIMEOUT)
+            asyncio.run_coroutine_threadsafe(loop.shutdown_asyncgens(), loop).result(
+                _THREAD_TIMEOUT
+            )
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(_THREAD_TIMEOUT)
+        if not thread.is_alive():
+            loop.close()
+
+
 class _WithoutAsyncio:
-    """Stands in for the fixtures when pytest-asyncio is missing or disabled: asking for
-    one fails with a clear message instead of pytest's generic one."""
+    """Stands in for the fixtures when pytest-asyncio is missing or disabled: a plain
+    ``def`` test gets its cluster all the same (on a loop thread); asking for an async
+    fixture fails with a clear message instead of pytest's generic one."""
 
     @pytest.fixture
-    def nsq_cluster(self) -> None:
-        _needs_asyncio("nsq_cluster")
+    def nsq_cluster(self, request: pytest.FixtureRequest) -> Iterator[Cluster]:
+        if is_async_test(request):
+            _needs_asyncio("nsq_cluster")
+        yield from cluster_in_a_thread(request)
 
     @pytest.fixture
     def nsq_fault_proxies(self) -> None:

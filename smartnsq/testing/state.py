@@ -265,10 +265,10 @@ class PartitionLog:
                 hi = mid
         return lo
 
-    def index_for_timestamp(self, unix_seconds: int) -> int:
-        limit = unix_seconds * 1_000_000_000
+    def index_for_timestamp(self, nanoseconds: int) -> int:
+        """The first message published at or after ``nanoseconds`` since the epoch."""
         for record in self.records:
-            if record.timestamp >= limit:
+            if record.timestamp >= nanoseconds:
                 return record.index
         return len(self.records)
 

@@ -45,7 +45,7 @@ from smartnsq.testing.state import (
     Topic,
 )
 
-__all__ = ["DetachConsumers", "Scheduler", "TopicRefused", "Topology"]
+__all__ = ["DetachConsumers", "Scheduler", "TopicExists", "TopicRefused", "Topology"]
 
 # The coordinator's refusal when a topic cannot be placed (or exists with another shape).
 NO_NODE = "ErrType:9 ErrCode:1 : No node is available for topic"
@@ -53,6 +53,16 @@ NO_NODE = "ErrType:9 ErrCode:1 : No node is available for topic"
 
 class TopicRefused(ClusterError):
     """nsqlookupd's coordinator refuses to create a topic; the text is the real one."""
+
+
+class TopicExists(TopicRefused):
+    """The topic exists with other settings: nsqlookupd answers :data:`NO_NODE` all the
+    same; ``existing`` and ``wanted`` say the settings in words."""
+
+    def __init__(self, existing: str, wanted: str) -> None:
+        super().__init__(NO_NODE)
+        self.existing = existing
+        self.wanted = wanted
 
 
 class Cancellable(Protocol):
@@ -236,7 +246,23 @@ class Topology:
                 and existing.disable_channel_auto_create == disable_channel_auto_create
             )
             if not same:
-                raise TopicRefused(NO_NODE)
+                wanted = _describe(
+                    partitions,
+                    replicas,
+                    ordered=ordered,
+                    multi_part=multi_part,
+                    ext=ext,
+                    disable_channel_auto_create=disable_channel_auto_create,
+                )
+                shown = _describe(
+                    existing.partition_num,
+                    existing.replica,
+                    ordered=existing.ordered,
+                    multi_part=existing.multi_part,
+                    ext=existing.ext,
+                    disable_channel_auto_create=existing.disable_channel_auto_create,
+                )
+                raise TopicExists(shown, wanted)
             for channel in names:
                 if channel not in existing.registered_channels:
                     self.register_channel(name, channel)
@@ -685,3 +711,11 @@ class Topology:
         if alive:
             self._set_leader(partition, alive[0])
         # else: no replica left; the dead leader leads again when it comes back
+
+
+def _describe(partitions: int, replicas: int, **flags: bool) -> str:
+    """A topic's settings in words, as ``smartnsq.admin`` words them: ``2 partitions x 1
+    replicas, multi-part``."""
+    shown = [name.replace("multi_part", "multi-part") for name, on in flags.items() if on]
+    text = f"{partitions} partitions x {replicas} replicas"
+    return text + (", " + ", ".join(shown) if shown else "")

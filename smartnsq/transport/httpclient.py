@@ -24,10 +24,12 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
-from smartnsq.errors import ConnectionClosedError, NSQTimeoutError, ProtocolError
+from smartnsq.errors import ConnectionClosedError, NotHttpError, NSQTimeoutError, ProtocolError
+from smartnsq.protocol.errors import BAD_PROTOCOL_FRAME
 from smartnsq.transport.httplog import quiet
-from smartnsq.transport.plainhttp import AnswerTooLarge, MalformedAnswer, PlainHttp
+from smartnsq.transport.plainhttp import AnswerTooLarge, MalformedAnswer, NotHttpAnswer, PlainHttp
 
 if TYPE_CHECKING:
     import httpx
@@ -44,6 +46,8 @@ __all__ = [
 #: The largest answer read from nsqlookupd or nsqd's HTTP API (4 MiB): a lookup of a topic
 #: with 255 partitions, or a filtered ``/stats``, is a few hundred KiB at most.
 DEFAULT_MAX_ANSWER_BYTES = 4 * 1024 * 1024
+# What the probe for an nsqd TCP port reads at most: its answer is a 22-byte frame.
+_PROBE_BYTES = 64 * 1024
 
 
 @functools.cache
@@ -165,14 +169,16 @@ async def exchange(
     """One request and its whole answer within ``timeout`` seconds, at most ``max_bytes``
     of it. Raises :class:`~smartnsq.errors.NSQTimeoutError` when the answer is not complete
     in time, :class:`~smartnsq.errors.ProtocolError` when it is larger than ``max_bytes``
-    (what came beyond is never read), :class:`~smartnsq.errors.ConnectionClosedError` when
-    nothing answers. httpx logs nothing of it (:mod:`smartnsq.transport.httplog`)."""
+    (what came beyond is never read), :class:`~smartnsq.errors.NotHttpError` when an nsqd
+    TCP port answered, :class:`~smartnsq.errors.ConnectionClosedError` when nothing answers.
+    httpx logs nothing of it (:mod:`smartnsq.transport.httplog`)."""
     late = f"{method} {url}: no complete answer within {timeout:.3g} s"
     route = http.route(url) if isinstance(http, HttpClient) else http
     timed_out: type[Exception] = _Never
+    unreadable: type[Exception] = _Never
     no_answer: tuple[type[Exception], ...] = (MalformedAnswer, OSError)
     if not isinstance(route, PlainHttp):
-        timed_out, failed = _httpx_failures()
+        timed_out, unreadable, failed = _httpx_failures()
         no_answer += (failed,)
     try:
         async with asyncio.timeout(timeout):
@@ -186,11 +192,22 @@ async def exchange(
                     headers=headers,
                 )
                 return HttpAnswer(status, answer_headers, body)
-            with quiet():
-                async with route.stream(
-                    method, url, params=params, content=content, headers=headers, timeout=timeout
-                ) as response:
-                    body = await _read_bounded(response, url, max_bytes)
+            try:
+                with quiet():
+                    async with route.stream(
+                        method,
+                        url,
+                        params=params,
+                        content=content,
+                        headers=headers,
+                        timeout=timeout,
+                    ) as response:
+                        body = await _read_bounded(response, url, max_bytes)
+            except unreadable:
+                # httpx does not show what answered: an nsqd TCP port is told by its bytes.
+                if url.startswith("http://"):
+                    await _nsqd_tcp_probe(url)
+                raise
             return HttpAnswer(response.status_code, response.headers, body)
     except TimeoutError:
         raise NSQTimeoutError(late) from None
@@ -198,21 +215,53 @@ async def exchange(
         raise NSQTimeoutError(late) from exc
     except AnswerTooLarge as exc:
         raise _too_large(url, max_bytes, exc.how) from None
+    except NotHttpAnswer as exc:
+        if exc.received.startswith(BAD_PROTOCOL_FRAME):
+            raise _nsqd_tcp_port(url) from exc
+        raise ConnectionClosedError(
+            f"{method} {url} got no answer: {type(exc).__name__}: {exc}"
+        ) from exc
     except no_answer as exc:
         raise ConnectionClosedError(
             f"{method} {url} got no answer: {type(exc).__name__}: {exc}"
         ) from exc
 
 
+async def _nsqd_tcp_probe(url: str) -> None:
+    """Raise :class:`NotHttpError` when ``url``'s server answers a plain GET as an nsqd TCP
+    port does; return otherwise (whatever else it answers, or fails with)."""
+    base = urlsplit(url)
+    plain = PlainHttp()
+    try:
+        await plain.request("GET", f"http://{base.netloc}/", max_bytes=_PROBE_BYTES)
+    except NotHttpAnswer as exc:
+        if exc.received.startswith(BAD_PROTOCOL_FRAME):
+            raise _nsqd_tcp_port(url) from exc
+    except (MalformedAnswer, AnswerTooLarge, OSError, ValueError):
+        pass
+    finally:
+        await plain.aclose()
+
+
+def _nsqd_tcp_port(url: str) -> NotHttpError:
+    address = urlsplit(url).netloc.rpartition("@")[2]
+    return NotHttpError(
+        f"{url}: {address} is an nsqd TCP port, not an HTTP address (it answered "
+        "E_BAD_PROTOCOL, nsqd's answer to anything but its protocol); nsqd's HTTP API is on "
+        "its HTTP port (default 4151), nsqlookupd's on 4161"
+    )
+
+
 class _Never(Exception):
     """Raised by nothing: what a request that makes no use of httpx catches of its errors."""
 
 
-def _httpx_failures() -> tuple[type[Exception], type[Exception]]:
-    """httpx's timeout, and its other errors (loaded with its client)."""
+def _httpx_failures() -> tuple[type[Exception], type[Exception], type[Exception]]:
+    """httpx's timeout, its error for an answer that is no HTTP, and its other errors
+    (loaded with its client)."""
     import httpx
 
-    return httpx.TimeoutException, httpx.HTTPError
+    return httpx.TimeoutException, httpx.RemoteProtocolError, httpx.HTTPError
 
 
 async def _read_bounded(response: httpx.Response, url: str, max_bytes: int) -> bytes:

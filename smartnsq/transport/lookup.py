@@ -50,6 +50,7 @@ from smartnsq.errors import (
     ClientClosedError,
     ConnectionClosedError,
     LookupFailedError,
+    NotHttpError,
     NotLookupdError,
     NSQError,
     NSQTimeoutError,
@@ -898,6 +899,16 @@ class LookupManager:
             delay = exponential(lookupd.failures, self._backoff_base, self._backoff_max)
             lookupd.retry_at = now + delay
         # else: tried early (every lookupd down-ranked, or a poll): keep the current backoff.
+        if isinstance(exc, NotHttpError):
+            # nsqd's TCP port: asking it again would only get the same refusal.
+            if not lookupd.not_lookupd:
+                lookupd.not_lookupd = (
+                    f"{lookupd.base_url} is an nsqd's TCP address, not an nsqlookupd (it "
+                    "answered E_BAD_PROTOCOL): give nsqlookupd's HTTP address (default port "
+                    f"4161), or nsqd=['{lookupd.address}'] to use that classic nsqd directly"
+                )
+                self._logger.warning("%s", lookupd.not_lookupd)
+            return
         if not lookupd.answered:
             # Never heard from yet (a client started before its nsqlookupd): the client
             # that waits for it says so once; here it is detail.

@@ -20,7 +20,14 @@ from urllib.parse import urlencode, urlsplit
 
 from smartnsq._version import __version__
 
-__all__ = ["KEEPALIVE", "AnswerTooLarge", "InvalidURL", "MalformedAnswer", "PlainHttp"]
+__all__ = [
+    "KEEPALIVE",
+    "AnswerTooLarge",
+    "InvalidURL",
+    "MalformedAnswer",
+    "NotHttpAnswer",
+    "PlainHttp",
+]
 
 #: Seconds an idle connection is kept for the next request (httpx's default keepalive_expiry).
 KEEPALIVE = 5.0
@@ -43,6 +50,19 @@ class AnswerTooLarge(Exception):
 
 class MalformedAnswer(Exception):
     """What came back is not an HTTP/1.1 answer (httpx: ``RemoteProtocolError``)."""
+
+
+class NotHttpAnswer(MalformedAnswer):
+    """The server sent bytes without an HTTP status line among them and closed the
+    connection; ``received``: those bytes (an nsqd TCP port sends its E_BAD_PROTOCOL
+    frame)."""
+
+    def __init__(self, received: bytes) -> None:
+        super().__init__(
+            f"the server sent {len(received)} bytes that are no HTTP status line "
+            f"({received[:40]!r}) and closed the connection"
+        )
+        self.received = received
 
 
 class InvalidURL(ValueError):
@@ -221,6 +241,8 @@ async def _read_line(reader: asyncio.StreamReader, first: bool = False) -> str:
     except asyncio.IncompleteReadError as exc:
         if first and not exc.partial:
             raise _Unanswered("the server closed the connection without answering") from None
+        if first:
+            raise NotHttpAnswer(exc.partial) from None
         raise ConnectionResetError("the server closed the connection mid-answer") from None
     except asyncio.LimitOverrunError:
         raise MalformedAnswer(f"a line longer than {_MAX_HEAD} bytes") from None

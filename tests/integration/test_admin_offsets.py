@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import Literal
 
 import httpx
 import pytest
@@ -98,6 +99,23 @@ async def test_seek_moves_the_channel_of_each_partition(
         SeekResult(1, leaders[1], position, offset=partition_1, end=160),
     ]
     assert [o.position for o in offsets] == [expected, partition_1]
+
+
+@pytest.mark.parametrize(
+    ("name", "position"),
+    [("earliest", StartPosition.earliest()), ("latest", StartPosition.latest())],
+)
+async def test_seek_takes_the_names_a_consumer_start_takes(
+    cluster: Cluster, name: Literal["earliest", "latest"], position: StartPosition
+) -> None:
+    """Consumer(start="earliest") works, and so does the same word here (Kafka's names)."""
+    await _consume(cluster, 0, 5)
+    async with Admin([cluster.lookupd_url]) as admin:
+        results = await admin.seek(TOPIC, CHANNEL, name)
+        offsets = await admin.offsets(TOPIC, CHANNEL)
+    assert [r.position for r in results] == [position, position]
+    expected = [0, 0] if name == "earliest" else [320, 160]
+    assert [r.offset for r in results] == [o.position for o in offsets] == expected
 
 
 @pytest.mark.parametrize(
@@ -214,7 +232,8 @@ async def test_unknown_topic_and_partition(cluster: Cluster) -> None:
 @pytest.mark.parametrize(
     ("args", "kwargs"),
     [
-        ((TOPIC, CHANNEL, "earliest"), {}),
+        ((TOPIC, CHANNEL, "first"), {}),
+        ((TOPIC, CHANNEL, "offset:0"), {}),  # text forms are StartPosition.parse's to read
         ((TOPIC, CHANNEL, 5), {}),
         (("bad topic", CHANNEL, StartPosition.earliest()), {}),
         ((TOPIC, "", StartPosition.earliest()), {}),

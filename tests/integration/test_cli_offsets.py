@@ -120,6 +120,8 @@ async def test_a_timestamp_with_a_fraction_of_a_second() -> None:
         (("--to", "first"), 2, "invalid --to: 'first': expected earliest, latest"),
         (("--to", "offset:-1"), 2, "invalid --to: must be >= 0"),
         (("--to", "message:0"), 2, "invalid --to: 'message:0': messages count from 1"),
+        # milliseconds would wrap round in nsqd's nanoseconds and move the channel to its end
+        (("--to", "timestamp:1795862637877"), 2, "in milliseconds? divide by 1000"),
         (("--to", "earliest", "--partition", "-1"), 2, "partitions: must be"),
         (("--to", "earliest", "--partition", "5"), 2, "partitions 0..1, not 5"),
         (("--to", "earliest"), 0, None),

@@ -11,7 +11,7 @@ import pytest
 from smartnsq.protocol import commands as c
 from smartnsq.protocol.frames import FRAME_TYPE_RESPONSE
 from smartnsq.protocol.message import MessageLayout
-from smartnsq.testing import Cluster
+from smartnsq.testing import Cluster, ClusterError
 from tests.integration.rawclient import RawClient
 
 WAIT = 5.0
@@ -121,3 +121,26 @@ async def test_a_blackholed_lookupd() -> None:
             assert (await http.get(f"{cluster.lookupd_urls[1]}/ping")).text == "OK"
         cluster.heal_lookupd(0)
         assert (await asyncio.wait_for(ping, WAIT)).text == "OK"
+
+
+async def test_a_lookupd_the_cluster_lacks_is_a_cluster_error() -> None:
+    """As for a node: ClusterError naming the lookupds there are, not an IndexError (and
+    -1 is not the last one)."""
+    async with Cluster(nodes=1, lookupds=2) as cluster:
+        calls = [
+            cluster.blackhole_lookupd,
+            cluster.heal_lookupd,
+            cluster.thaw_lookupd,
+            lambda index: cluster.freeze_lookupd(index, ["t"]),
+        ]
+        for index in (2, -1):
+            for call in calls:
+                with pytest.raises(
+                    ClusterError, match=rf"no nsqlookupd {index} \(lookupds are 0\.\.1\)"
+                ):
+                    call(index)
+            for stopping in (cluster.stop_lookupd, cluster.start_lookupd):
+                with pytest.raises(ClusterError, match="no nsqlookupd"):
+                    await stopping(index)
+        with pytest.raises(ClusterError, match="no node 1"):
+            cluster.blackhole(1)

@@ -309,6 +309,19 @@ async def test_channel_create_registers_channels_of_restricted_topics(youzan: Cl
     await consumer.close()
 
 
+async def test_the_python_api_says_a_topic_exists_with_other_settings(youzan: Cluster) -> None:
+    """nsqlookupd answers "No node is available for topic" (above); Cluster.create_topic,
+    like Admin.create_topic, says what is wrong: both settings. The same settings are fine."""
+    assert await youzan.create_topic("ptest", 2, 2) is youzan.topics["ptest"]
+    with pytest.raises(ClusterError) as caught:
+        await youzan.create_topic("ptest", 3, 2, ordered=True, channels=["c"])
+    assert str(caught.value) == (
+        "topic 'ptest' exists with other settings (2 partitions x 2 replicas); asked for "
+        "3 partitions x 2 replicas, ordered, disable_channel_auto_create"
+    )
+    assert youzan.topics["ptest"].partition_num == 2
+
+
 @pytest.mark.parametrize(
     ("params", "message"),
     [

@@ -386,6 +386,19 @@ async def test_close_ends_everything_and_leaks_nothing(upstream: Upstream) -> No
         proxy.heal()
 
 
+async def test_no_address_before_the_os_chose_the_port(upstream: Upstream) -> None:
+    proxy = FaultProxy("127.0.0.1", upstream.port)
+    with pytest.raises(FaultProxyError, match=r"no address before start\(\)"):
+        proxy.address  # noqa: B018 - the property raises
+    assert "a port not chosen yet" in repr(proxy)
+    async with proxy:
+        assert proxy.address == f"127.0.0.1:{proxy.port}"
+        assert proxy.port != 0
+        assert proxy.address in repr(proxy)
+    fixed = FaultProxy("127.0.0.1", upstream.port, port=proxy.port)
+    assert fixed.address == proxy.address  # known before start: it was given
+
+
 async def test_clear_ends_every_fault(proxy: FaultProxy) -> None:
     reader, writer = await _connect(proxy)
     proxy.set_latency(5)

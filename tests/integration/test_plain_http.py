@@ -11,9 +11,10 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from smartnsq import errors
 from smartnsq.errors import ConnectionClosedError, NSQTimeoutError, ProtocolError
 from smartnsq.transport import plainhttp
-from smartnsq.transport.httpclient import HttpClient, exchange
+from smartnsq.transport.httpclient import HttpClient, exchange, new_http_client
 from smartnsq.transport.plainhttp import PlainHttp
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
@@ -172,13 +173,46 @@ async def test_interim_answers_are_skipped() -> None:
         (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", "mid-answer"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: ten\r\n\r\n", "no length"),
         (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed header"),
+        (b"\x00\x00\x00\x06\x00\x00\x00\x01E_BAD", "no HTTP status line"),
     ],
-    ids=["hang-up", "not-http", "cut-short", "bad-length", "bad-header"],
+    ids=["hang-up", "not-http", "cut-short", "bad-length", "bad-header", "no-line"],
 )
 async def test_what_is_no_answer_is_a_typed_error(answer: bytes | None, why: str) -> None:
     async with RawHttp(lambda head: answer, close_after=True).running() as server, client() as http:
         with pytest.raises(ConnectionClosedError, match=f"got no answer: .*{why}"):
             await exchange(http, "GET", server.url + "/lookup", timeout=BOUND)
+
+
+@pytest.mark.parametrize("through", ["plain", "httpx"])
+async def test_an_nsqd_tcp_port_is_told_apart(through: str) -> None:
+    """nsqd answers a request on its TCP port with its E_BAD_PROTOCOL frame and closes: not
+    a connection that failed (retried), a wrong address (NotHttpError, not retriable).
+    httpx does not show those bytes: what answered is asked again with a GET of its own."""
+    bad_protocol = b"\x00\x00\x00\x12\x00\x00\x00\x01E_BAD_PROTOCOL"
+    nsqd_tcp = RawHttp(lambda head: bad_protocol, close_after=True)
+    async with nsqd_tcp.running() as server:
+        url = server.url
+        http = HttpClient(5.0) if through == "plain" else new_http_client(5.0)
+        try:
+            with pytest.raises(errors.NotHttpError) as caught:
+                await exchange(http, "POST", url + "/channel/setoffset", timeout=BOUND)
+        finally:
+            await http.aclose()
+    address = url.removeprefix("http://")
+    assert str(caught.value) == (
+        f"{url}/channel/setoffset: {address} is an nsqd TCP port, not an HTTP address "
+        "(it answered E_BAD_PROTOCOL, nsqd's answer to anything but its protocol); nsqd's "
+        "HTTP API is on its HTTP port (default 4151), nsqlookupd's on 4161"
+    )
+    assert isinstance(caught.value, ProtocolError)
+    assert not caught.value.retriable
+    # httpx's POST is never sent again: the probe is a GET of "/"
+    probed = [head.split(b" ", 2)[:2] for head in server.heads]
+    assert probed == (
+        [[b"POST", b"/channel/setoffset"]]
+        if through == "plain"
+        else [[b"POST", b"/channel/setoffset"], [b"GET", b"/"]]
+    )
 
 
 async def test_nothing_listening_is_a_typed_error() -> None:

@@ -214,13 +214,106 @@ def test_runs_that_do_not_use_it_are_unaffected(pytester: pytest.Pytester) -> No
 
 
 def test_without_pytest_asyncio_the_fixture_explains_itself(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_sync="def test_wants_it(nsq_cluster):\n    pass\n")
+    pytester.makepyfile(test_async="async def test_wants_it(nsq_cluster):\n    pass\n")
     result = _run(pytester, "-p", "no:asyncio")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*the nsq_cluster fixture needs pytest-asyncio*"])
-    pytester.makepyfile(test_sync="def test_wants_it(fault_proxy):\n    pass\n")
+    pytester.makepyfile(test_async="def test_wants_it(fault_proxy):\n    pass\n")
     result = _run(pytester, "-p", "no:asyncio")
     result.stdout.fnmatch_lines(["*the fault_proxy fixture needs pytest-asyncio*"])
+
+
+SYNC_TESTS = """
+import threading
+
+import pytest
+
+import smartnsq.sync
+from smartnsq.testing import Cluster, ClusterError
+
+seen = []
+
+
+@pytest.mark.nsq_cluster(classic=True)
+def test_blocking_code_reaches_the_cluster(nsq_cluster):
+    with smartnsq.sync.Producer(nsqd=nsq_cluster.nsqd_addresses, connect_timeout=5) as producer:
+        producer.publish("events", b"hello")
+
+
+def test_a_plain_test_gets_a_running_cluster(nsq_cluster):
+    assert isinstance(nsq_cluster, Cluster)
+    nsq_cluster.call_from_thread(nsq_cluster.create_topic("orders", 2, 1, channels=["c"]))
+    with smartnsq.sync.Producer(lookupd=[nsq_cluster.lookupd_url]) as producer:
+        assert producer.publish("orders", b"hello", partition=1).partition == 1
+    bodies = nsq_cluster.call_from_thread(lambda: [r.body for r in nsq_cluster.messages("orders")])
+    assert bodies == [b"hello"]
+    received = []
+    with smartnsq.sync.Consumer(
+        "orders", "c", lookupd=[nsq_cluster.lookupd_url], handler=received.append
+    ) as consumer:
+        nsq_cluster.call_from_thread(
+            nsq_cluster.wait_for(lambda: nsq_cluster.unfinished("orders", "c") == 0, 10)
+        )
+    assert [m.body for m in received] == [b"hello"]
+    seen.append(nsq_cluster)
+
+
+@pytest.mark.nsq_cluster(nodes=1, classic=True)
+def test_the_last_one_was_stopped_and_the_marker_applies(nsq_cluster):
+    assert nsq_cluster.classic and len(nsq_cluster.nodes) == 1
+    with pytest.raises(ClusterError, match="not running"):
+        seen[0].call_from_thread(lambda: None)
+    assert [t.name for t in threading.enumerate()].count("nsq_cluster") == 1
+
+
+async def test_an_async_test_still_gets_its_own_loop(nsq_cluster):
+    await nsq_cluster.create_topic("t", 1, 1)
+    with pytest.raises(ClusterError, match="own event loop"):
+        nsq_cluster.call_from_thread(nsq_cluster.create_topic("u", 1, 1))
+"""
+
+
+@pytest.mark.parametrize("mode", ["auto", "strict", "without pytest-asyncio"])
+def test_a_plain_def_test_gets_a_cluster_on_a_loop_thread(
+    pytester: pytest.Pytester, mode: str
+) -> None:
+    """Blocking code under test (smartnsq.sync clients) needs the cluster's loop to run
+    while the test blocks: it runs in a thread of its own (issue 34: the cluster never
+    answered, "no nsqlookupd answered" after 5 s)."""
+    module = SYNC_TESTS
+    args: tuple[str, ...] = ()
+    if mode == "auto":
+        pytester.makeini(AUTO)
+    elif mode == "strict":
+        pytester.makeini(STRICT)
+        module = module.replace("\nasync def", "\n@pytest.mark.asyncio\nasync def")
+    else:
+        args = ("-p", "no:asyncio")
+        module = module[: module.index("\nasync def")]
+    pytester.makepyfile(test_sync=module)
+    result = _run(pytester, "-v", "-W", "error", *args)
+    result.assert_outcomes(passed=3 if mode == "without pytest-asyncio" else 4)
+
+
+def test_the_proxies_fixtures_fail_at_once_in_a_plain_def_test(pytester: pytest.Pytester) -> None:
+    pytester.makeini(AUTO)
+    pytester.makepyfile(
+        test_sync="""
+        def test_proxies(nsq_fault_proxies):
+            pass
+
+        def test_factory(fault_proxy):
+            pass
+        """
+    )
+    result = _run(pytester, "--durations=0")
+    result.assert_outcomes(errors=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*the nsq_fault_proxies fixture needs an async test (async def test_...)*",
+            "*the fault_proxy fixture needs an async test (async def test_...)*",
+        ]
+    )
 
 
 def test_the_plugin_is_cheap_to_import() -> None:

@@ -225,6 +225,24 @@ def test_batch_read_between_two_offsets(spark: Any, youzan: ThreadedCluster) -> 
     assert _batch(spark, youzan, "events").count() == 400
 
 
+def test_a_batch_read_with_nothing_to_read_has_no_rows(spark: Any, youzan: ThreadedCluster) -> None:
+    """A periodic batch job meets this whenever nothing new arrived: 0 rows, not an error
+    (Spark runs one task even when the source plans none)."""
+    youzan.run(youzan.cluster.create_topic("quiet", 2, 1, channels=["spark"]))
+    empty = _batch(spark, youzan, "quiet")
+    assert (empty.count(), empty.collect()) == (0, [])
+    _publish(youzan, "quiet", _bodies("p0", 20), partition=0)
+    _publish(youzan, "quiet", _bodies("p1", 20), partition=1)
+    ends = {
+        str(p): m.offset + m.raw_size
+        for p in (0, 1)
+        for m in youzan.call(lambda p=p: youzan.cluster.messages("quiet", p))[-1:]
+    }
+    caught_up = _batch(spark, youzan, "quiet", startingOffsets=json.dumps({"quiet": ends}))
+    assert caught_up.collect() == []
+    assert _batch(spark, youzan, "quiet").count() == 40
+
+
 def test_a_first_run_reads_the_channels_backlog_by_default(
     spark: Any, youzan: ThreadedCluster
 ) -> None:

@@ -17,6 +17,7 @@ CLIENT_ERRORS: dict[type[e.NSQError], tuple[bool, bool]] = {
     e.ValidationError: (False, False),
     e.ProtocolError: (False, False),
     e.NotNsqdError: (False, False),
+    e.NotHttpError: (False, False),
     e.ConnectionClosedError: (True, True),
     e.NSQTimeoutError: (True, True),
     e.ClientClosedError: (False, False),

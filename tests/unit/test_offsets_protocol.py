@@ -24,6 +24,8 @@ from smartnsq.protocol.offsets import (
 )
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "nsqd_http"
+# The last unix second whose nanoseconds fit nsqd's int64 (2262-04-11).
+MAX_SECONDS = (2**63 - 1) // 10**9
 
 
 @pytest.mark.parametrize(
@@ -93,6 +95,34 @@ def test_a_timestamp_takes_a_float_and_drops_the_fraction() -> None:
     for bad in (float("nan"), float("inf"), -0.5, "1795765880", True, None):
         with pytest.raises(ValidationError, match="timestamp"):
             StartPosition.timestamp(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("value", "unit"),
+    [
+        (time.time() * 1000 - 60_000, "milliseconds"),  # Kafka's unit, and Spark's option's
+        (int(time.time() * 1000), "milliseconds"),
+        (time.time_ns() // 1000, "microseconds"),
+        (time.time_ns(), "nanoseconds"),
+        (MAX_SECONDS + 1, "milliseconds"),
+    ],
+    ids=["ms-float", "ms", "us", "ns", "max+1"],
+)
+def test_a_timestamp_nsqd_cannot_represent_is_refused(value: float, unit: str) -> None:
+    """nsqd multiplies the second by 10^9 in an int64: a second past 2262 wraps round and
+    moves the channel somewhere nobody asked for (a millisecond value: to the end)."""
+    with pytest.raises(ValidationError, match=f"in {unit}\\? divide by") as caught:
+        StartPosition.timestamp(value)
+    assert caught.value.field == "start.value"
+    with pytest.raises(ValidationError, match=f"in {unit}\\?") as caught:
+        StartPosition.parse(f"timestamp:{value}")
+    assert caught.value.field == "position"
+    with pytest.raises(ValidationError, match="nsqd can take"):
+        StartPosition("timestamp", int(value))
+    with pytest.raises(ValidationError, match="after the last second nsqd can take"):
+        StartPosition.parse("timestamp:2262-04-12T00:00:00Z")
+    assert StartPosition.timestamp(MAX_SECONDS).value == MAX_SECONDS == 9_223_372_036
+    assert StartPosition.parse("timestamp:2262-04-11T00:00:00Z").value <= MAX_SECONDS
 
 
 @pytest.mark.parametrize(

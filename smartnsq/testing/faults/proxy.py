@@ -392,7 +392,8 @@ class FaultProxy(StartsAndCloses):
         return cls(host.removeprefix("[").removesuffix("]"), int(port), **options)
 
     def __repr__(self) -> str:
-        return f"<FaultProxy {self.name} on {self.address}>"
+        where = self.address if self.port else "a port not chosen yet"
+        return f"<FaultProxy {self.name} on {where}>"
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -433,7 +434,13 @@ class FaultProxy(StartsAndCloses):
 
     @property
     def address(self) -> str:
-        """``host:port`` clients connect to."""
+        """``host:port`` clients connect to. With ``port=0`` (the default) the OS chooses
+        the port when the proxy starts: FaultProxyError before :meth:`start`."""
+        if self.port == 0:
+            raise FaultProxyError(
+                f"{self.name} has no address before start(): the OS chooses its port then "
+                "(start it first, or give it a port=)"
+            )
         return f"{self.host}:{self.port}"
 
     @property
