@@ -843,6 +843,8 @@ class PublishFlow:
             self._finish(p, exc, steps)
             return False
         self._tried(p)
+        if p.maybe_stored:
+            self.stats.resent_in_doubt += len(p.request.bodies)
         p.trace_ids = trace_ids
         p.state = SENT
         p.route = route

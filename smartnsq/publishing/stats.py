@@ -24,6 +24,9 @@ class ProducerStats:
     publishes: int = 0  # publishes acknowledged (an MPUB counts once)
     published_bytes: int = 0  # body bytes of the acknowledged messages
     retries: int = 0  # tries after a publish's first (failovers, lost connections...)
+    # messages sent again after a try of theirs went unanswered: each may be stored twice
+    # (on youzan ext topics an ordered consumer drops the copy by its sequence stamp)
+    resent_in_doubt: int = 0
     # publishes that raised once sent (routing, connecting and waiting for a leader count as
     # sending): not those refused before, for their arguments or a feature their server lacks
     failures: int = 0
@@ -45,24 +48,6 @@ class ProducerStats:
         """Count one publish of ``messages`` messages that raised."""
         self.failures += 1
         self.failed_messages += messages
-
-    def merged(self, other: ProducerStats, connections: int) -> ProducerStats:
-        """These counters and ``other``'s added up (``other``'s publishes were counted
-        apart: a blocking publish's first try, in its calling thread), with ``connections``
-        more open."""
-        per_partition = dict(self.per_partition)
-        for partition, messages in other.per_partition.items():
-            per_partition[partition] = per_partition.get(partition, 0) + messages
-        return ProducerStats(
-            published=self.published + other.published,
-            publishes=self.publishes + other.publishes,
-            published_bytes=self.published_bytes + other.published_bytes,
-            retries=self.retries + other.retries,
-            failures=self.failures + other.failures,
-            failed_messages=self.failed_messages + other.failed_messages,
-            connections=self.connections + connections,
-            per_partition=per_partition,
-        )
 
     def snapshot(self, connections: int) -> ProducerStats:
         """A copy for the caller, with the open connections counted now."""
