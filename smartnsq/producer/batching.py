@@ -6,7 +6,7 @@ publishes) has one batch in flight at a time, so a retried batch can never be ov
 later one: per-partition (and so per-key) order holds. The unkeyed lane has no order to keep
 (its batches are spread over partitions), so several of its batches are in flight at once and
 the client fills the next while nsqd stores the last. Each caller gets its own result or the
-batch's exception.
+batch's exception; a caller cancelled before its batch leaves takes its message out of it.
 """
 
 from __future__ import annotations
@@ -122,6 +122,17 @@ class Batcher:
             task.add_done_callback(self._tasks.discard)
 
     async def _send(self, key: Hashable, lane: _Lane, batch: _Batch) -> None:
+        if any(future.cancelled() for future in batch.futures):
+            # A publish cancelled while its batch waited is taken out: nothing of it is sent.
+            kept = [i for i, future in enumerate(batch.futures) if not future.cancelled()]
+            batch.bodies = [batch.bodies[i] for i in kept]
+            batch.futures = [batch.futures[i] for i in kept]
+            if batch.trace_ids is not None:
+                batch.trace_ids = [batch.trace_ids[i] for i in kept]
+            if not kept:
+                lane.in_flight -= 1
+                self._pump(key, lane)
+                return
         try:
             results = await self._flush(key, batch.bodies, batch.trace_ids)
         except BaseException as exc:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from smartnsq.client.telemetry import Telemetry, end_send_span
+from smartnsq.client.telemetry import Telemetry, end_send_span, error_type
 from smartnsq.client.tracelog import log_publish
 from smartnsq.errors import (
     ClientClosedError,
@@ -209,6 +209,8 @@ class Sender:
         if steps.lookup:
             for topic in steps.lookup:
                 self._follow(topic)
+        if steps.retrying and self._telemetry is not None and self._telemetry.enabled:
+            self._traced_retries(steps.retrying)
         if steps.done:
             for p in steps.done:
                 self._complete(p)
@@ -225,6 +227,22 @@ class Sender:
         with self.lock:
             steps = self.flow.resume(self._clock())
         self._act(steps)
+
+    def _traced_retries(self, retrying: list[tuple[Publish, BaseException, int | None]]) -> None:
+        """Each publish tried again: a ``retries`` count, and an event on its span."""
+        telemetry = self._telemetry
+        if telemetry is None:  # pragma: no cover - checked by the caller
+            return
+        for p, failure, partition in retrying:
+            telemetry.count("retries", 1, {"messaging.destination.name": p.request.topic})
+            if p.span is not None:
+                p.span.add_event(
+                    "retry",
+                    {
+                        "error.type": error_type(failure),
+                        "messaging.destination.partition.id": str(partition),
+                    },
+                )
 
     def _complete(self, p: Publish) -> None:
         """Answer ``p``'s waiter (a future of this loop, or a thread's)."""

@@ -229,10 +229,12 @@ class Steps:
     :meth:`PublishFlow.resume` on the driver's loop soon (sends held for the next turn, or
     decided in another thread)."""
 
-    __slots__ = ("connect", "done", "here", "lookup", "more", "notes", "sends")
+    __slots__ = ("connect", "done", "here", "lookup", "more", "notes", "retrying", "sends")
 
     def __init__(self) -> None:
         self.sends: list[tuple[Publish, Any, str, bytes]] = []
+        #: (publish, the failure of its last try, its partition): tried again later
+        self.retrying: list[tuple[Publish, BaseException, int | None]] = []
         self.done: list[Publish] = []
         self.connect: list[Key] = []
         self.lookup: list[str] = []
@@ -247,6 +249,7 @@ class Steps:
             or self.connect
             or self.lookup
             or self.notes
+            or self.retrying
             or self.here is not None
             or self.more
         )
@@ -658,6 +661,8 @@ class PublishFlow:
             if self._over_retries(head):
                 lane.queue.popleft()
                 self._give_up(head, f"max_retries={self._max_retries}", steps)
+            else:
+                steps.retrying.append((head, error, _partition(head)))
             lane.recovering = True
             self._schedule(lane, error, now, steps)
         return steps
@@ -1009,6 +1014,7 @@ class PublishFlow:
             self._give_up(p, f"max_retries={self._max_retries}", steps)
             return
         lane.recovering = True
+        steps.retrying.append((p, p.failure, _partition(p)))  # type: ignore[arg-type]
         self._schedule(lane, p.failure, now, steps)  # type: ignore[arg-type]
 
     def _forget_if_empty(self, lane: Lane) -> None:
@@ -1065,6 +1071,8 @@ class PublishFlow:
                 lane.queue.remove(p)
                 self._give_up(p, f"max_retries={self._max_retries}", steps)
                 continue
+            if p.failure is not None:
+                steps.retrying.append((p, p.failure, _partition(p)))
             if first is None:
                 first = p
         if first is None:
@@ -1113,6 +1121,8 @@ class PublishFlow:
         if self._over_retries(head):
             lane.queue.remove(head)
             self._give_up(head, f"max_retries={self._max_retries}", steps)
+        else:
+            steps.retrying.append((head, exc, _partition(head)))
         if lane.queue:
             self._schedule(lane, exc, now, steps)
 
@@ -1338,6 +1348,11 @@ class PublishFlow:
                     ),
                 )
             )
+
+
+def _partition(p: Publish) -> int | None:
+    """The partition ``p``'s last try went to (None: classic, or none yet)."""
+    return p.route.partition if p.route is not None else None
 
 
 def _retriable(exc: BaseException) -> bool:

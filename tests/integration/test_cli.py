@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import pytest
 
 from smartnsq.producer.producer import Producer
+from smartnsq.publishing.stamps import STAMP_KEY, parse_stamp
 from smartnsq.routing.sharding import Sharder
 from smartnsq.testing import Cluster
 
@@ -251,7 +252,12 @@ async def test_pub_ext_headers(cluster: Cluster) -> None:
                             "--ext", "source=cli", "--ext", "k=a=b", "x", "y")  # fmt: skip
     assert result.rc == 0, result
     records = cluster.messages("ext", 0)
-    assert [json.loads(r.ext_raw) for r in records] == [{"source": "cli", "k": "a=b"}] * 2
+    headers = [json.loads(r.ext_raw) for r in records]
+    stamps = [parse_stamp(r.ext_raw) for r in records]
+    assert [s.seq for s in stamps if s is not None] == [1, 2]  # the producer's stamps, in order
+    assert [{k: v for k, v in h.items() if k != STAMP_KEY} for h in headers] == [
+        {"source": "cli", "k": "a=b"}
+    ] * 2
 
 
 async def test_pub_classic_nsqd_from_the_environment() -> None:

@@ -173,3 +173,15 @@ async def test_close_gives_every_waiting_caller_its_error_and_sends_nothing_more
         await batcher.add("a", b"3", None)
     await until(lambda: flush.running.get("a") == 0)
     assert flush.batches == []  # the in-flight send was cancelled, the queued one never left
+
+
+async def test_a_publish_cancelled_before_its_batch_leaves_is_taken_out() -> None:
+    flush = Recorder()
+    batcher = Batcher(flush, linger=10, max_batch=100, max_bytes=10_000)
+    kept, cancelled = batcher.add("a", b"kept", None), batcher.add("a", b"gone", None)
+    cancelled.cancel()  # its caller gave up while the batch lingered
+    alone = batcher.add("b", b"alone", None)
+    alone.cancel()
+    await batcher.flush()
+    assert await kept == ("a", b"kept")
+    assert flush.batches == [("a", [b"kept"], None)]  # nothing of the others sent
