@@ -33,7 +33,7 @@ loop's lag in the 2 s after the heal. At the end: sent, acknowledged, received, 
 (acknowledged, never received), duplicated, order violations per key (ordered mode), and
 each kind of fault's effect. Exit status 1 if anything acknowledged was lost.
 
-Usage: python bench/soak.py [--minutes 30 | --quick] [--classic] [--unordered] [--rate 800]
+Usage: python bench/soak.py [--minutes 30 | --quick] [--classic] [--unordered] [--ext] [--rate 800]
        [--seed 1] [--faults reset,blackhole,...] [--tracemalloc] [--json out.json]
 """
 
@@ -201,6 +201,7 @@ class ClusterProcess:
         ]
         argv += ["--classic"] if args.classic else []
         argv += ["--ordered"] if args.ordered else []
+        argv += ["--ext"] if args.ext else []
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SMARTNSQ_PURE")}
         env["SMARTNSQ_UVLOOP"] = "0"
         process = await asyncio.create_subprocess_exec(
@@ -867,6 +868,7 @@ def summarize(
         "delivered_against_queue_order": ledger.delivered_out_of_order,
         "consumer_order_violations": consumer.order_violations,
         "consumer_duplicates": consumer.duplicates,
+        "consumer_stamped_replays": consumer.stamped_replays,
         "consumer_reconnects": consumer.reconnects,
         "producer_retries": soak.retries(),
         "drain": drained,
@@ -912,7 +914,8 @@ def print_summary(totals: dict[str, Any], args: argparse.Namespace, windows: lis
     print(
         f"  producer retries {totals['producer_retries']}, consumer reconnects "
         f"{totals['consumer_reconnects']}, consumer duplicates dropped "
-        f"{totals['consumer_duplicates']}"
+        f"{totals['consumer_duplicates']}, stamped replays dropped "
+        f"{totals['consumer_stamped_replays']}"
     )
     cpu = totals["client_cpu_s"]
     print(
@@ -1023,6 +1026,7 @@ def describe_run(args: argparse.Namespace, info: dict[str, Any], episodes: list[
         mode = (
             f"youzan x{len(info['nsqd'])}, topic {TOPIC} {args.partitions} partitions x "
             f"{args.replicas} replicas{' (ordered)' if args.ordered else ''}"
+            f"{' (ext)' if args.ext else ''}"
         )
     consumer = "an ordered" if args.ordered else "a plain"
     print(
@@ -1053,6 +1057,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--body-size", type=int, default=200)
     parser.add_argument("--classic", action="store_true", help="classic nsqd, direct mode")
     parser.add_argument("--unordered", action="store_true", help="a plain consumer")
+    parser.add_argument(
+        "--ext",
+        action="store_true",
+        help="an ext topic: the producer's sequence stamps let the ordered consumer drop copies",
+    )
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--partitions", type=int, default=4, help="youzan")
     parser.add_argument("--replicas", type=int, default=2, help="youzan")

@@ -107,6 +107,7 @@ def create_topic(cluster: Cluster, args: argparse.Namespace) -> None:
         partitions=args.partitions,
         replicas=args.replicas,
         ordered=args.ordered,
+        ext=args.ext,
         channels=[args.channel],
     )
 
@@ -162,6 +163,7 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--ordered", action="store_true", help="an ordered topic")
+    parser.add_argument("--ext", action="store_true", help="an ext topic (ext headers)")
     parser.add_argument("--seed", type=int, default=None, help="the proxies' seed")
     args = parser.parse_args()
     restore_gc = tune_gc()
