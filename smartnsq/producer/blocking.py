@@ -4,7 +4,7 @@ from its callers' threads without a hop to its loop thread and back when it can.
 The flow (:class:`~smartnsq.publishing.flow.PublishFlow`) is the asyncio producer's: a
 publish is submitted to it from the calling thread (holding the Sender's lock), in call
 order with every other publish of its partition. When its partition's lane is idle the flow
-lets the calling thread carry the try (``steps.here``): over a
+lets the calling thread carry the try (the publish is in flight on ``HERE``): over a
 :class:`~smartnsq.transport.blocking.BlockingConnection` (the same protocol session as the
 loop's connections, over a plain socket) taken from a pool that keeps one per thread
 publishing to a destination at once. Everything else (a lane with publishes before it, no
@@ -21,7 +21,7 @@ import time
 
 from smartnsq.errors import ConnectionClosedError, NSQError, NSQTimeoutError, ServerError
 from smartnsq.producer.sender import Sender
-from smartnsq.publishing.flow import Publish, Steps
+from smartnsq.publishing.flow import SENT, Publish, Steps
 from smartnsq.publishing.request import PublishRequest
 from smartnsq.publishing.result import PublishResult
 from smartnsq.transport.blocking import BlockingConnection, BlockingPool
@@ -44,7 +44,7 @@ class BlockingPublisher:
     def __init__(self, sender: Sender, config: ConnectionConfig) -> None:
         self._sender = sender
         self._flow = sender.flow
-        self._lock = sender.lock
+        self._lock = sender.share()
         self._pool = BlockingPool(config)
         #: Publishes answered in their calling threads (their first try, made there).
         self.answered_here = 0
@@ -56,11 +56,12 @@ class BlockingPublisher:
         deadline = now + (self._sender.publish_timeout if timeout is None else timeout)
         with self._lock:
             p, steps = self._flow.submit(request, now, deadline, None, None, via=HERE)
-            if steps.here is not p and not p.done:
+            here = p.link is HERE and p.state == SENT
+            if not here and not p.done:
                 p.waiter = _Waiter()  # the loop ends it
-        if steps.here is p:
-            steps.here = None
-            self._hand_over(steps)
+        if here:
+            if steps.busy or self._flow.wake_changed:
+                self._sender.act_soon(steps)
             results = self._try_here(p, deadline)
             if results is not None:
                 return results
@@ -85,8 +86,9 @@ class BlockingPublisher:
             return None
         try:
             try:
-                with self._lock:
-                    command, data = self._flow.encode_here(p, conn.youzan)
+                # No lock: it touches only this publish, which only this thread holds now,
+                # and the codec's caches.
+                command, data = self._flow.encode_here(p, conn.youzan)
             except NSQError as exc:  # what its server cannot take: refused before sending
                 self._ended(p, "unsent", exc, False)
                 return None
@@ -117,10 +119,9 @@ class BlockingPublisher:
         with self._lock:
             steps = self._flow.answered(p, frame, time.monotonic(), pump=False)
             self.answered_here += 1
-        if p in steps.done:
-            steps.done.remove(p)  # answered here
-        self._hand_over(steps)
-        return p.results
+        if steps.busy or self._flow.wake_changed:
+            self._sender.act_soon(steps)  # what it released is the loop's
+        return p.results  # answered here: not the loop's to answer
 
     def _ended(self, p: Publish, how: str, error: NSQError, written: bool) -> None:
         """``p``'s try here ended without results (``how``: lost, refused, or not sent):
@@ -138,9 +139,9 @@ class BlockingPublisher:
         self._hand_over(steps)
 
     def _hand_over(self, steps: Steps) -> None:
-        """What the flow decided for the loop, carried out there."""
-        if steps or self._flow.wake_changed:
-            steps.more = True
+        """What the flow decided for the loop, carried out there (the lanes this thread's
+        event released are pumped there)."""
+        if steps.busy or self._flow.wake_changed:
             self._sender.act_soon(steps)
 
     def open_connections(self) -> int:

@@ -6,8 +6,9 @@ future per try: answers come back through :class:`~smartnsq.transport.connection
 opens connections, follows the lookups of the topics whose publishes wait for a layout, keeps
 one timer at the flow's next deadline, answers each publish's waiter, and logs what the flow
 says to log. The blocking publisher (:mod:`smartnsq.producer.blocking`) drives the same flow
-from other threads: every call into it holds :attr:`lock`, and what such a thread decides
-for the loop it hands over with :meth:`act_soon`.
+from other threads: once it does (:meth:`share`), every call into the flow holds
+:attr:`lock`, and what such a thread decides for the loop it hands over with
+:meth:`act_soon`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from smartnsq.client.telemetry import Telemetry, end_send_span, error_type
@@ -28,8 +30,9 @@ from smartnsq.errors import (
     PublishError,
     ServerError,
 )
-from smartnsq.publishing.flow import WARN_AFTER, Publish, PublishFlow, Steps
+from smartnsq.publishing.flow import NO_STEPS, WARN_AFTER, Publish, PublishFlow, Steps
 from smartnsq.publishing.request import PublishRequest
+from smartnsq.publishing.stats import ProducerStats
 from smartnsq.transport.connection import Connection
 from smartnsq.transport.lookup import LookupManager
 from smartnsq.transport.pool import ConnectionPool, PoolKey
@@ -58,9 +61,11 @@ class Sender:
         telemetry: Telemetry | None = None,
     ) -> None:
         self.flow = flow
-        #: Held for every call into the flow: the blocking publisher calls it from its
-        #: callers' threads.
-        self.lock = threading.Lock()
+        #: Held for every call into the flow once other threads drive it too (the blocking
+        #: publisher: :meth:`share`); None until then (taking a lock is 2,000 instructions,
+        #: twice per publish).
+        self.lock: threading.Lock | None = None
+        self._guard: AbstractContextManager[Any] = _NOT_SHARED
         self._pool = pool
         self._lookup = lookup
         self.publish_timeout = publish_timeout
@@ -82,6 +87,14 @@ class Sender:
 
     # ------------------------------------------------------------------ lifecycle
 
+    def share(self) -> threading.Lock:
+        """Other threads will drive the flow too: every call into it takes this lock from
+        now on (call it before they start)."""
+        if self.lock is None:
+            self.lock = threading.Lock()
+            self._guard = self.lock
+        return self.lock
+
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """Work on ``loop`` from now on (the producer's, when it starts)."""
         self._loop = loop
@@ -99,7 +112,7 @@ class Sender:
         """Every publish not over ends with ``error``; the lookups followed stop; the
         connections close."""
         self._closed = True
-        with self.lock:
+        with self._guard:
             steps = self.flow.close(error)
         self._act(steps)
         if self._timer is not None:
@@ -129,29 +142,53 @@ class Sender:
         now = self._clock()
         deadline = now + (self.publish_timeout if timeout is None else timeout)
         waiter = loop.create_future()
-        with self.lock:
+        lock = self.lock
+        if lock is None:
             p, steps = self.flow.submit(request, now, deadline, waiter, span)
-        self._act(steps)
+        else:
+            with lock:
+                p, steps = self.flow.submit(request, now, deadline, waiter, span)
+        if steps is not NO_STEPS and steps.busy:
+            self._act(steps)
+        if p.data is not None:
+            self._write(p)  # its own try, after what the steps sent
+        if self.flow.wake_changed:
+            self._arm()
         return p
 
     def cancel(self, p: Publish) -> None:
         """``p``'s caller stopped waiting (cancelled)."""
-        with self.lock:
+        with self._guard:
             steps = self.flow.cancel(p, self._clock())
         self._act(steps)
 
     # ------------------------------------------------------------------ answers (Receiver)
 
     def answered(self, target: Any, data: bytes) -> None:
-        with self.lock:
-            steps = self.flow.answered(target, data, self._clock())
-        self._act(steps)
+        p: Publish = target
+        lock = self.lock
+        if lock is None:
+            steps = self.flow.answered(p, data, self._clock())
+        else:
+            with lock:
+                steps = self.flow.answered(p, data, self._clock())
+        results = p.results
+        if results is not None:
+            if p.span is None and results[0].internal_id is None:
+                # The common answer (untraced, no receipt): what _complete does, inline.
+                waiter = p.waiter
+                if not waiter.done():
+                    waiter.set_result(results)
+            else:
+                self._complete(p)
+        if steps is not NO_STEPS and steps.busy:
+            self._act(steps)
 
     def failed(self, target: Any, error: BaseException) -> None:
         p: Publish = target
         now = self._clock()
         link = p.link
-        with self.lock:
+        with self._guard:
             if isinstance(link, Connection) and link.closed:
                 self.flow.link_down(link)  # before anything is sent again
             if isinstance(error, ServerError):
@@ -161,7 +198,7 @@ class Sender:
         self._act(steps)
 
     def paused(self, conn: Connection) -> None:
-        with self.lock:
+        with self._guard:
             self.flow.link_paused(conn)
         if self._loop is not None and conn not in self._stuck:
             self._stuck[conn] = self._loop.call_later(self._write_timeout, self._write_stuck, conn)
@@ -170,7 +207,7 @@ class Sender:
         handle = self._stuck.pop(conn, None)
         if handle is not None:
             handle.cancel()
-        with self.lock:
+        with self._guard:
             steps = self.flow.link_resumed(conn, self._clock())
         self._act(steps)
 
@@ -187,44 +224,45 @@ class Sender:
             loop.call_soon_threadsafe(self._act_resumed, steps)
 
     def _act_resumed(self, steps: Steps) -> None:
-        self._act(steps)
+        if steps.busy:
+            self._act(steps)
         self._resumed()
 
     def _act(self, steps: Steps) -> None:
         """Carry out what the flow decided, in its order."""
-        sends = steps.sends
-        if sends:
-            timeout = self._request_timeout
-            for p, link, command, data in sends:
-                try:
-                    link.request_for(p, data, command, timeout)
-                except NSQError as exc:  # closed since the flow chose it
-                    with self.lock:
-                        self.flow.link_down(link)
-                        more = self.flow.lost(p, exc, self._clock(), written=False)
-                    self._act(more)
-        if steps.connect:
-            for key in steps.connect:
-                self._open(key)
-        if steps.lookup:
-            for topic in steps.lookup:
-                self._follow(topic)
+        for p in steps.sends:
+            self._write(p)
+        for key in steps.connect:
+            self._open(key)
+        for topic in steps.lookup:
+            self._follow(topic)
         if steps.retrying and self._telemetry is not None and self._telemetry.enabled:
             self._traced_retries(steps.retrying)
-        if steps.done:
-            for p in steps.done:
-                self._complete(p)
-        if steps.notes:
-            for level, message, args in steps.notes:
-                log.log(level, message, *args)
+        for p in steps.done:
+            self._complete(p)
+        for level, message, args in steps.notes:
+            log.log(level, message, *args)
         if steps.more and self._resume is None and self._loop is not None:
             self._resume = self._loop.call_soon(self._resumed)
         if self.flow.wake_changed:
             self._arm()
 
+    def _write(self, p: Publish) -> None:
+        """Write ``p``'s try on its link: its answer comes back through :meth:`answered` or
+        :meth:`failed`."""
+        data, p.data = p.data, None
+        link = p.link
+        try:
+            link.request_for(p, data, p.command, self._request_timeout)
+        except NSQError as exc:  # closed since the flow chose it: nothing was written
+            with self._guard:
+                self.flow.link_down(link)
+                steps = self.flow.lost(p, exc, self._clock(), written=False)
+            self._act(steps)
+
     def _resumed(self) -> None:
         self._resume = None
-        with self.lock:
+        with self._guard:
             steps = self.flow.resume(self._clock())
         self._act(steps)
 
@@ -270,7 +308,7 @@ class Sender:
     # ------------------------------------------------------------------ time
 
     def _arm(self) -> None:
-        with self.lock:
+        with self._guard:
             self.flow.wake_changed = False
             at = self.flow.next_deadline()
         if at == self._timer_at:
@@ -285,7 +323,7 @@ class Sender:
     def _fire(self) -> None:
         self._timer = None
         self._timer_at = None
-        with self.lock:
+        with self._guard:
             steps = self.flow.tick(self._clock())
             self.flow.wake_changed = True
         self._act(steps)
@@ -311,14 +349,14 @@ class Sender:
         try:
             conn = await self._pool.open(key)
         except NSQError as exc:
-            with self.lock:
+            with self._guard:
                 steps = self.flow.link_failed(key, exc, self._clock())
             self._act(steps)
             return exc
         conn.receiver = self
         self._keys[conn] = key
         conn.set_close_callback(self._closed_link)
-        with self.lock:
+        with self._guard:
             steps = self.flow.link_up(key, conn, conn.youzan, self._clock())
         self._act(steps)
         return None
@@ -330,11 +368,16 @@ class Sender:
         handle = self._stuck.pop(conn, None)
         if handle is not None:
             handle.cancel()
-        with self.lock:
+        with self._guard:
             self.flow.link_down(conn)
 
     def open_connections(self) -> int:
         return self._pool.open_connections()
+
+    def stats(self) -> ProducerStats:
+        """A snapshot of the flow's counters, with the open connections counted now."""
+        with self._guard:
+            return self.flow.stats.snapshot(self._pool.open_connections())
 
     # ------------------------------------------------------------------ lookups
 
@@ -375,7 +418,7 @@ class Sender:
             )
 
     def _wanted(self, topic: str) -> bool:
-        with self.lock:
+        with self._guard:
             if self.flow.wants_layout(topic):
                 return True
         return bool(self._layout_waiters.get(topic))
@@ -385,7 +428,7 @@ class Sender:
         of :meth:`layout`, until nothing waits for one: the first layout through
         ``lookup`` (which raises what nsqlookupd answered instead), a new one through
         ``wait_until``, in rounds shared with every other waiter of the topic."""
-        flow, lock = self.flow, self.lock
+        flow, lock = self.flow, self._guard
         failures = 0
         while self._wanted(topic):
             if lookup.cached(topic, "w") is None:
@@ -430,6 +473,21 @@ def _time_up(waiter: asyncio.Future[Any], topic: str) -> None:
                 topic=topic,
             )
         )
+
+
+class _NotShared:
+    """The guard of a flow no other thread drives: nothing to take."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NOT_SHARED = _NotShared()
 
 
 def _clock_of(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:

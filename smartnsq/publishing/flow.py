@@ -60,7 +60,7 @@ from smartnsq.errors import (
 )
 from smartnsq.flow.logthrottle import LogThrottle
 from smartnsq.protocol.lookupd import TopicLayout
-from smartnsq.publishing.request import PublishRequest
+from smartnsq.publishing.request import NO_KEY, PublishRequest
 from smartnsq.publishing.result import PublishResult
 from smartnsq.publishing.routes import ANY_TOPIC, Route, Router, classic_routes
 from smartnsq.publishing.stamps import Stamp
@@ -68,9 +68,13 @@ from smartnsq.publishing.stats import ProducerStats
 from smartnsq.publishing.wire import PublishCodec
 
 __all__ = [
+    "DONE",
     "LANE_DEPTH",
     "PER_TURN",
+    "QUEUED",
+    "SENT",
     "WARN_AFTER",
+    "ZOMBIE",
     "Delays",
     "Lane",
     "Publish",
@@ -98,6 +102,7 @@ LOST = 3  # its try ended unanswered (lost connection, timeout); waits for the o
 ZOMBIE = 4  # over for its caller (deadline, cancelled), its try still in flight
 DONE = 5  # over: ``results`` or ``error`` set, removed from its lane
 
+_NONE_AVOIDED: frozenset[int] = frozenset()
 Key = tuple[str, str, "int | None"]  # a link's pool key: (address, pool topic, partition)
 _NO_LAYOUT: Any = object()  # a lane not waiting for a layout
 
@@ -113,10 +118,13 @@ class Publish:
     and telemetry ``span`` (opaque here), and its tries so far: how many, the partitions
     an unkeyed one failed on (``avoid``), the last try's route, link and trace ids, whether
     some try may have been stored (``maybe_stored``), the last failure; once over, its
-    ``results`` or ``error``. ``seq``: its stamp number (0: not stamped)."""
+    ``results`` or ``error``. ``seq``: its stamp number (0: not stamped). ``command`` and
+    ``data``: its try to write, until the driver wrote it."""
 
     __slots__ = (
         "avoid",
+        "command",
+        "data",
         "deadline",
         "error",
         "failure",
@@ -143,9 +151,11 @@ class Publish:
         self.span = span
         self.state = QUEUED
         self.tries = 0
-        self.avoid: frozenset[int] = frozenset()
+        self.avoid: frozenset[int] = _NONE_AVOIDED
         self.route: Route | None = None
         self.link: Any = None
+        self.command = ""
+        self.data: bytes | None = None
         self.trace_ids: list[int] | None = None
         self.maybe_stored = False
         self.overtaken = False
@@ -221,38 +231,76 @@ class Lane:
 
 
 class Steps:
-    """What the driver does after an event, in this order: write each of ``sends``
-    (publish, link, command, bytes) on its link; open a link for each of ``connect``; look
-    up each of ``lookup``; answer the waiter of each of ``done`` (``results`` or
-    ``error``); log ``notes`` ((level, message, args)). ``here``: the publish the calling
-    thread writes on its own link (the blocking driver). ``more``: call
-    :meth:`PublishFlow.resume` on the driver's loop soon (sends held for the next turn, or
-    decided in another thread)."""
+    """What the driver does after an event, in this order: write each of ``sends`` (a
+    publish whose ``link``, ``command`` and ``data`` say what and where; the driver clears
+    ``data`` once written); open a link for each of ``connect``; look up each of ``lookup``;
+    count each of ``retrying`` (publish, its last failure, its partition) as tried again;
+    answer the waiter of each of ``done`` (``results`` or ``error``); log ``notes``
+    ((level, message, args)). ``more``: call :meth:`PublishFlow.resume` on the driver's loop
+    soon (sends held for the next turn, or decided in another thread).
 
-    __slots__ = ("connect", "done", "here", "lookup", "more", "notes", "retrying", "sends")
+    Each list is made when something goes in it (an event that decides little allocates
+    little); until then it reads as an empty tuple, the class's (no ``__slots__``: a Steps
+    is made per event, and most events set nothing)."""
 
-    def __init__(self) -> None:
-        self.sends: list[tuple[Publish, Any, str, bytes]] = []
-        #: (publish, the failure of its last try, its partition): tried again later
-        self.retrying: list[tuple[Publish, BaseException, int | None]] = []
-        self.done: list[Publish] = []
-        self.connect: list[Key] = []
-        self.lookup: list[str] = []
-        self.notes: list[tuple[int, str, tuple[Any, ...]]] = []
-        self.here: Publish | None = None
-        self.more = False
+    sends: list[Publish] | tuple[()] = ()
+    done: list[Publish] | tuple[()] = ()
+    connect: list[Key] | tuple[()] = ()
+    lookup: list[str] | tuple[()] = ()
+    notes: list[tuple[int, str, tuple[Any, ...]]] | tuple[()] = ()
+    retrying: list[tuple[Publish, BaseException, int | None]] | tuple[()] = ()
+    more = False
+    #: Something to do (any of the above): what a driver looks at first.
+    busy = False
 
-    def __bool__(self) -> bool:
-        return bool(
-            self.sends
-            or self.done
-            or self.connect
-            or self.lookup
-            or self.notes
-            or self.retrying
-            or self.here is not None
-            or self.more
-        )
+    def send(self, p: Publish) -> None:
+        self.busy = True
+        if self.sends:
+            self.sends.append(p)
+        else:
+            self.sends = [p]
+
+    def over(self, p: Publish) -> None:
+        self.busy = True
+        if self.done:
+            self.done.append(p)
+        else:
+            self.done = [p]
+
+    def open(self, key: Key) -> None:
+        self.busy = True
+        self.connect = [*self.connect, key]
+
+    def look_up(self, topic: str) -> None:
+        self.busy = True
+        self.lookup = [*self.lookup, topic]
+
+    def note(self, level: int, message: str, args: tuple[Any, ...]) -> None:
+        self.busy = True
+        self.notes = [*self.notes, (level, message, args)]
+
+    def retry(self, p: Publish, failure: BaseException, partition: int | None) -> None:
+        self.busy = True
+        self.retrying = [*self.retrying, (p, failure, partition)]
+
+    def absorb(self, other: Steps) -> None:
+        """``other``'s steps too, after these."""
+        if other.busy:
+            self.busy = True
+            for name in ("sends", "done", "connect", "lookup", "notes", "retrying"):
+                theirs = getattr(other, name)
+                if theirs:
+                    setattr(self, name, [*getattr(self, name), *theirs])
+            self.more = self.more or other.more
+
+    def later(self) -> None:
+        """Ask for :meth:`PublishFlow.resume` on the driver's loop."""
+        self.busy = True
+        self.more = True
+
+
+#: What an event that decided nothing returns (never changed).
+NO_STEPS = Steps()
 
 
 class _LinkInfo:
@@ -335,13 +383,23 @@ class PublishFlow:
         span: Any = None,
         via: Any = None,
     ) -> tuple[Publish, Steps]:
-        """A publish asked for, to end by ``deadline``. ``via``: the calling thread's own
-        link (the blocking driver), which the publish may take when its lane is idle:
-        then ``steps.here`` is the publish (see :meth:`encode_here`)."""
+        """A publish asked for, to end by ``deadline``. When its own try leaves at once (the
+        common case), it is set on it (``p.link``, ``p.command``, ``p.data``): the driver
+        writes ``steps.sends``, then it. ``via``: the calling thread's own link (the blocking
+        driver), which the publish may take when its lane is idle: then ``p.link`` is ``via``
+        and ``p`` is in flight, the calling thread's to write (see :meth:`encode_here`)."""
         self._now = now
         p = Publish(request, deadline, waiter, span)
-        steps = Steps()
         self._pending += 1
+        if (
+            self._layouts is None
+            and request.partition is None
+            and request.key is NO_KEY
+            and self._closed is None
+            and deadline > now
+        ):
+            return p, self._start_movable(p, now, via)  # direct mode, unkeyed
+        steps = Steps()
         if self._closed is not None:
             self._finish(p, self._closed, steps)
             return p, steps
@@ -354,9 +412,8 @@ class PublishFlow:
         ):
             self._wait_for_placing(p, request.topic, steps)  # in call order
             return p, steps
-        if request.movable:
-            self._start_movable(p, now, via, steps)
-            return p, steps
+        if request.partition is None and request.key is NO_KEY:  # movable, unbound
+            return p, self._start_movable(p, now, via)
         lane = self._place(p, now, steps)
         if lane is None:
             return p, steps
@@ -364,7 +421,7 @@ class PublishFlow:
             if lane.queue[0] is p and not lane.in_flight and lane.retry_at <= now:
                 route = self._lane_route(lane, now, steps)
                 if route is not None and lane.queue and lane.queue[0] is p:
-                    self._send_here(p, lane, route, via, steps)
+                    self._send_here(p, lane, route, via)
                     return p, steps
             self._watch(p)
             self._defer(lane, steps)
@@ -372,50 +429,55 @@ class PublishFlow:
         # Alone in an idle lane (the common case), it leaves now; behind a backlog, the
         # turn's budget applies (a heal must not leave all at once).
         alone = lane.sending == len(lane.queue) - 1 and lane not in self._dirty
-        self._pump(lane, now, steps, budgeted=not alone)
+        self._pump(lane, now, steps, budgeted=not alone, own=p)
         if p.state == QUEUED:
             self._watch(p)
         return p, steps
 
     def encode_here(self, p: Publish, youzan: bool) -> tuple[str, bytes]:
-        """The bytes of ``steps.here``'s try on the calling thread's link (``youzan``: its
-        server is a youzan nsqd). What the server cannot take raises here, before anything
-        is sent: then :meth:`unsent`."""
+        """The bytes of the try a ``via`` submit left to the calling thread, for its link
+        (``youzan``: its server is a youzan nsqd). What the server cannot take raises here,
+        before anything is sent: then :meth:`unsent`. It reads and writes only ``p``
+        (which the calling thread alone holds until it reports the try), its lane's first
+        publish (``p`` itself, or one before it that nothing can take out meanwhile) and
+        the codec's caches: a driver may call it without taking its lock."""
         route = p.route
         if route is None:  # pragma: no cover - set by submit
             raise ValidationError("route", "the publish was not routed")
         command, data, trace_ids = self._codec.prepare(
-            p.request, route, route.youzan or youzan, p.span, self._stamp(p)
+            p.request, route, route.youzan or youzan, p.span, self._stamp(p) if p.seq else None
         )
         p.trace_ids = trace_ids
         return command, data
 
     def answered(self, p: Publish, frame: bytes, now: float, pump: bool = True) -> Steps:
-        """nsqd answered ``p``'s try with ``frame`` (OK, or a trace receipt): it is stored.
-        ``pump`` False: called off the driver's loop (a blocking thread), whose lanes the
-        loop pumps (``steps.more``)."""
-        self._now = now
-        steps = Steps()
+        """nsqd answered ``p``'s try with ``frame`` (OK, or a trace receipt): it is stored,
+        and ``p`` is over with ``p.results`` (its waiter is the driver's to answer: it is
+        not in ``steps.done``). ``pump`` False: called off the driver's loop (a blocking
+        thread), whose lanes the loop pumps (``steps.more``)."""
         state = p.state
-        if state != SENT and state != ZOMBIE:
-            return steps
-        lane = p.lane
         if state == SENT:
-            route = p.route
-            results = self._codec.results(p.request, route, frame, p.tries, p.trace_ids)  # type: ignore[arg-type]
+            results = self._codec.results(p.request, p.route, frame, p.tries, p.trace_ids)  # type: ignore[arg-type]
             self.stats.acknowledged(p.request.bodies, results)
             p.results = results
-            self._done(p, steps)
-            steps.done.append(p)
-        else:
-            p.state = DONE  # stored after its caller was told it may have been
-        if lane is None:
-            return steps
-        lane.in_flight -= 1
-        self._unlink(lane, p, stored=True)
-        if state == SENT:
+            p.state = DONE
+            self._pending -= 1
+            lane = p.lane
+            if lane is None:
+                return NO_STEPS  # an unkeyed publish's first try: nothing else follows
             lane.failures = 0
             lane.failing_since = None
+        elif state == ZOMBIE:
+            p.state = DONE  # stored after its caller was told it may have been
+            lane = p.lane
+            if lane is None:
+                return NO_STEPS
+        else:
+            return NO_STEPS
+        self._now = now
+        steps = Steps()
+        lane.in_flight -= 1
+        self._unlink(lane, p, stored=True)
         self._after_answer(lane, now, steps, pump)
         return steps
 
@@ -498,7 +560,7 @@ class PublishFlow:
         return steps
 
     def unsent(self, p: Publish, error: BaseException, now: float, pump: bool = True) -> Steps:
-        """``steps.here``'s try was refused before anything was sent (:meth:`encode_here`
+        """A ``via`` try was refused before anything was sent (:meth:`encode_here`
         raised what its server cannot take): the publish is over, with that error."""
         self._now = now
         steps = Steps()
@@ -586,7 +648,10 @@ class PublishFlow:
                 if p.state == DONE:
                     continue
                 if p.request.movable:
-                    self._start_movable(p, now, None, steps)
+                    started = self._start_movable(p, now, None)
+                    if p.data is not None:
+                        steps.send(p)  # its own try, not a submit's: the driver's to write
+                    steps.absorb(started)
                     continue
                 lane = self._place(p, now, steps)
                 if lane is not None:
@@ -662,7 +727,7 @@ class PublishFlow:
                 lane.queue.popleft()
                 self._give_up(head, f"max_retries={self._max_retries}", steps)
             else:
-                steps.retrying.append((head, error, _partition(head)))
+                steps.retry(head, error, _partition(head))
             lane.recovering = True
             self._schedule(lane, error, now, steps)
         return steps
@@ -788,7 +853,7 @@ class PublishFlow:
         queue = self._unplaced.get(topic)
         if queue is None:
             queue = self._unplaced[topic] = deque()
-            steps.lookup.append(topic)
+            steps.look_up(topic)
         queue.append(p)
         self._watch(p)
 
@@ -799,8 +864,10 @@ class PublishFlow:
 
     # ------------------------------------------------------------------ sending
 
-    def _pump(self, lane: Lane, now: float, steps: Steps, *, budgeted: bool) -> None:
-        """Send what ``lane`` may send now, in order."""
+    def _pump(
+        self, lane: Lane, now: float, steps: Steps, *, budgeted: bool, own: Publish | None = None
+    ) -> None:
+        """Send what ``lane`` may send now, in order (``own``: see :meth:`_send`)."""
         queue = lane.queue
         if lane.sending >= len(queue) or lane.retry_at > now or lane.waiting_key is not None:
             return
@@ -827,43 +894,65 @@ class PublishFlow:
                     return
                 self._budget -= 1
             p = queue[lane.sending]
-            if self._send(p, lane, route, link, youzan, steps):
+            if self._send(p, lane, route, link, youzan, steps, p is own):
                 lane.sending += 1
                 lane.in_flight += 1
                 limit -= 1
         self._forget_if_empty(lane)
 
     def _send(
-        self, p: Publish, lane: Lane | None, route: Route, link: Any, youzan: bool, steps: Steps
+        self,
+        p: Publish,
+        lane: Lane | None,
+        route: Route,
+        link: Any,
+        youzan: bool,
+        steps: Steps,
+        own: bool = False,
     ) -> bool:
-        """Encode ``p``'s next try and hand it to ``steps.sends``; False when its server
-        cannot take it (it is over, refused before sending, and out of its lane)."""
-        try:
-            command, data, trace_ids = self._codec.prepare(
-                p.request, route, youzan, p.span, self._stamp(p)
-            )
-        except (UnsupportedFeatureError, ValidationError, ServerError) as exc:
+        """Encode ``p``'s next try and hand it to ``steps.sends`` (``own``: the publish
+        being submitted, whose try the driver writes after them: no list for it); False when
+        its server cannot take it (it is over, refused before sending, and out of its
+        lane)."""
+        refused = self._encode(p, route, link, youzan)
+        if refused is not None:
             if lane is not None:
                 lane.queue.remove(p)
-            self._finish(p, exc, steps)
+            self._finish(p, refused, steps)
             return False
-        self._tried(p)
-        if p.maybe_stored:
-            self.stats.resent_in_doubt += len(p.request.bodies)
+        if not own:
+            steps.send(p)
+        return True
+
+    def _encode(self, p: Publish, route: Route, link: Any, youzan: bool) -> NSQError | None:
+        """``p``'s next try on ``route``'s ``link``, set on it (the command and its bytes);
+        what its server cannot take is returned (nothing changed then)."""
+        try:
+            command, data, trace_ids = self._codec.prepare(
+                p.request, route, youzan, p.span, self._stamp(p) if p.seq else None
+            )
+        except (UnsupportedFeatureError, ValidationError, ServerError) as exc:
+            return exc
+        if p.tries:
+            self.stats.retries += 1
+            if p.maybe_stored:
+                self.stats.resent_in_doubt += len(p.request.bodies)
+        p.tries += 1
         p.trace_ids = trace_ids
         p.state = SENT
         p.route = route
         p.link = link
+        p.command = command
+        p.data = data
         if p.deadline - self._now < self._request_timeout:
             self._watch(p)  # its link's own timeout would end it too late
-        steps.sends.append((p, link, command, data))
-        return True
+        return None
 
-    def _send_here(
-        self, p: Publish, lane: Lane | None, route: Route, via: Any, steps: Steps
-    ) -> None:
-        """``p`` goes on the calling thread's link ``via`` (encoded by it)."""
-        self._tried(p)
+    def _send_here(self, p: Publish, lane: Lane | None, route: Route, via: Any) -> None:
+        """``p`` goes on the calling thread's link ``via`` (encoded and written by it)."""
+        if p.tries:
+            self.stats.retries += 1
+        p.tries += 1
         p.state = SENT
         p.route = route
         p.link = via
@@ -871,7 +960,6 @@ class PublishFlow:
             lane.link = via
             lane.sending = 1
             lane.in_flight = 1
-        steps.here = p
 
     def _stamp(self, p: Publish) -> Stamp | None:
         lane = p.lane
@@ -919,7 +1007,7 @@ class PublishFlow:
     def _link_for(self, lane: Lane, route: Route, steps: Steps) -> Any:
         """An open, writable link for ``route`` (the lane's own while it has one), or
         None: the lane waits for one (opened, or taking writes again)."""
-        key = (route.address, route.pool_topic, route.partition)
+        key = route.key
         links = self._links.get(key)
         if links:
             if lane.link in links:
@@ -943,13 +1031,14 @@ class PublishFlow:
     def _connect(self, key: Key, steps: Steps) -> None:
         if key not in self._connecting:
             self._connecting.add(key)
-            steps.connect.append(key)
+            steps.open(key)
 
     # ------------------------------------------------------------------ unkeyed
 
-    def _start_movable(self, p: Publish, now: float, via: Any, steps: Steps) -> None:
-        """An unkeyed publish: sent at once where it can go, else given a lane of its own
-        to wait in."""
+    def _start_movable(self, p: Publish, now: float, via: Any) -> Steps:
+        """An unkeyed publish: sent at once where it can go (:data:`NO_STEPS`: its own
+        try, set on it, is all there is to write), else given a lane of its own to wait
+        in."""
         if self._layouts is None:
             routes = self._router.direct_routes
             if not routes:  # pragma: no cover - direct mode has an address at least
@@ -957,21 +1046,22 @@ class PublishFlow:
             route = self._router.route_classic(p.request, routes)
         else:
             layout = self._layouts(p.request.topic)
+            steps = Steps()
             if layout is None:
                 self._wait_for_placing(p, p.request.topic, steps)
-                return
+                return steps
             if not self._router.routable(p.request, layout):
                 self._wait_movable(p, now, steps)  # a try with nowhere to go, counted
-                return
+                return steps
             try:
                 route = self._router.route(p.request, layout)
             except NSQError as exc:
                 self._finish(p, exc, steps)
-                return
+                return steps
         if via is not None:
-            self._send_here(p, None, route, via, steps)
-            return
-        key = (route.address, route.pool_topic, route.partition)
+            self._send_here(p, None, route, via)
+            return NO_STEPS
+        key = route.key
         links = self._links.get(key)
         if links and len(links) >= self._links_per_key:
             if len(links) == 1:
@@ -982,9 +1072,15 @@ class PublishFlow:
                 link = links[turn % len(links)]
             info = self._link_info[link]
             if not info.paused:
-                self._send(p, None, route, link, route.youzan or info.youzan, steps)
-                return
+                refused = self._encode(p, route, link, route.youzan or info.youzan)
+                if refused is None:
+                    return NO_STEPS
+                steps = Steps()
+                self._finish(p, refused, steps)
+                return steps
+        steps = Steps()
         self._wait_movable(p, now, steps, route)
+        return steps
 
     def _wait_movable(
         self, p: Publish, now: float, steps: Steps, route: Route | None = None
@@ -996,7 +1092,7 @@ class PublishFlow:
         p.lane = lane
         lane.queue.append(p)
         self._watch(p)
-        self._pump(lane, now, steps, budgeted=False)
+        self._pump(lane, now, steps, budgeted=False, own=p)
 
     def _retry_movable(self, p: Publish, now: float, steps: Steps) -> None:
         """An unkeyed publish's try failed (``p.failure``): it avoids that partition and
@@ -1014,7 +1110,7 @@ class PublishFlow:
             self._give_up(p, f"max_retries={self._max_retries}", steps)
             return
         lane.recovering = True
-        steps.retrying.append((p, p.failure, _partition(p)))  # type: ignore[arg-type]
+        steps.retry(p, p.failure, _partition(p))  # type: ignore[arg-type]
         self._schedule(lane, p.failure, now, steps)  # type: ignore[arg-type]
 
     def _forget_if_empty(self, lane: Lane) -> None:
@@ -1048,8 +1144,8 @@ class PublishFlow:
             return
         if pump:
             self._pump(lane, now, steps, budgeted=True)
-        else:
-            self._defer(lane, steps)
+        elif lane.sending < len(lane.queue):
+            self._defer(lane, steps)  # what waits is the loop's to send
 
     def _settle(self, lane: Lane, now: float, steps: Steps) -> None:
         """Nothing of ``lane`` is in flight: what was refused or lost goes again, in order,
@@ -1072,7 +1168,7 @@ class PublishFlow:
                 self._give_up(p, f"max_retries={self._max_retries}", steps)
                 continue
             if p.failure is not None:
-                steps.retrying.append((p, p.failure, _partition(p)))
+                steps.retry(p, p.failure, _partition(p))
             if first is None:
                 first = p
         if first is None:
@@ -1100,7 +1196,7 @@ class PublishFlow:
             waiters = self._layout_waiters.get(lane.topic)
             if waiters is None:
                 waiters = self._layout_waiters[lane.topic] = {}
-                steps.lookup.append(lane.topic)
+                steps.look_up(lane.topic)
             waiters[lane] = None
         lane.retry_at = now + delay
         heapq.heappush(self._timers, (lane.retry_at, next(self._order), lane))
@@ -1122,7 +1218,7 @@ class PublishFlow:
             lane.queue.remove(head)
             self._give_up(head, f"max_retries={self._max_retries}", steps)
         else:
-            steps.retrying.append((head, exc, _partition(head)))
+            steps.retry(head, exc, _partition(head))
         if lane.queue:
             self._schedule(lane, exc, now, steps)
 
@@ -1148,7 +1244,7 @@ class PublishFlow:
 
     def _defer(self, lane: Lane, steps: Steps) -> None:
         self._dirty[lane] = None
-        steps.more = True
+        steps.later()
 
     def _unlink(self, lane: Lane, p: Publish, stored: bool = False) -> None:
         """Take ``p`` out of ``lane``'s settling prefix; ``stored``: its try was stored, so
@@ -1279,7 +1375,7 @@ class PublishFlow:
             p.state = ZOMBIE
         else:
             self._done(p, steps)
-        steps.done.append(p)
+        steps.over(p)
 
     def _done(self, p: Publish, steps: Steps) -> None:
         if p.state != ZOMBIE:
@@ -1304,12 +1400,10 @@ class PublishFlow:
         steps: Steps,
     ) -> None:
         if self.verbose:
-            steps.notes.append(
-                (
-                    logging.DEBUG,
-                    "publish to %s (partition %s) failed on try %d (%s); retrying",
-                    (lane.topic, lane.target, head.tries if head else 0, failure),
-                )
+            steps.note(
+                logging.DEBUG,
+                "publish to %s (partition %s) failed on try %d (%s); retrying",
+                (lane.topic, lane.target, head.tries if head else 0, failure),
             )
         since = lane.failing_since
         if since is None or now - since < WARN_AFTER:
@@ -1317,36 +1411,32 @@ class PublishFlow:
         held = self._throttle.allow(("failing", lane.topic))
         if held is None:
             return
-        steps.notes.append(
+        steps.note(
+            logging.WARNING,
+            "publishes to %s have been failing for %.1f s (%d tries; last: %s); still "
+            "retrying, within publish_timeout%s",
             (
-                logging.WARNING,
-                "publishes to %s have been failing for %.1f s (%d tries; last: %s); still "
-                "retrying, within publish_timeout%s",
-                (
-                    lane.topic,
-                    now - since,
-                    head.tries if head else 0,
-                    failure,
-                    LogThrottle.note(held, self._throttle.interval),
-                ),
-            )
+                lane.topic,
+                now - since,
+                head.tries if head else 0,
+                failure,
+                LogThrottle.note(held, self._throttle.interval),
+            ),
         )
 
     def _note_move(self, lane: Lane, before: Route, after: Route, steps: Steps) -> None:
         held = self._throttle.allow(("moved", lane.topic, after.partition))
         if held is not None:
-            steps.notes.append(
+            steps.note(
+                logging.INFO,
+                "%s partition %d: the leader moved from %s to %s; publishing there%s",
                 (
-                    logging.INFO,
-                    "%s partition %d: the leader moved from %s to %s; publishing there%s",
-                    (
-                        lane.topic,
-                        after.partition,
-                        before.address,
-                        after.address,
-                        LogThrottle.note(held, self._throttle.interval),
-                    ),
-                )
+                    lane.topic,
+                    after.partition,
+                    before.address,
+                    after.address,
+                    LogThrottle.note(held, self._throttle.interval),
+                ),
             )
 
 

@@ -15,7 +15,7 @@ import itertools
 import random
 from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from smartnsq.errors import NoWritablePartitionError, NSQError, ValidationError
@@ -33,13 +33,18 @@ ANY_TOPIC = "*"
 class Route:
     """Where one attempt goes: the nsqd, the partition (None on classic), whether it is a
     youzan nsqd and the topic an ext topic, and the topic the pooled connection is kept
-    under (:data:`ANY_TOPIC` on classic)."""
+    under (:data:`ANY_TOPIC` on classic). ``key``: the pooled connection's key, (address,
+    pool topic, partition), made once."""
 
     address: str
     partition: int | None
     youzan: bool
     ext_topic: bool
     pool_topic: str
+    key: tuple[str, str, int | None] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", (self.address, self.pool_topic, self.partition))
 
 
 def classic_routes(addresses: Iterable[str]) -> list[Route]:
@@ -131,7 +136,10 @@ class Router:
         if request.key is not NO_KEY:
             index = self.sharder.partition_for(request.key, len(routes))
         else:
-            index = next(self._counter(request.topic)) % len(routes)
+            counter = self._counters.get(request.topic)
+            if counter is None:
+                counter = self._counter(request.topic)
+            index = next(counter) % len(routes)
         route = routes[index]
         if request.partition is not None:  # refused by the codec, with the nsqd's address
             return Route(route.address, request.partition, False, False, ANY_TOPIC)

@@ -12,7 +12,7 @@ from smartnsq.publishing.result import PublishResult
 __all__ = ["ProducerStats"]
 
 
-@dataclass
+@dataclass(slots=True)
 class ProducerStats:
     """Counters since the producer was created (``producer.stats()`` returns a snapshot).
 

@@ -129,13 +129,12 @@ class World:
 
     # ------------------------------------------------------------------ the driver
 
-    def act(self, steps: Steps) -> Steps:
-        for p, link, _command, data in steps.sends:
-            if not link.alive:  # pragma: no cover - the flow never picks a dead link
-                raise AssertionError(f"{p} sent on a dead link")
-            link.requests.append((p, data))
-            self.sent.append((p, link))
-            self.unanswered.setdefault(id(p), []).append(link)
+    def act(self, steps: Steps, own: Publish | None = None) -> Steps:
+        """Carry out ``steps``; ``own``: the publish just submitted, written after them."""
+        for p in steps.sends:
+            self.write(p)
+        if own is not None and own.data is not None:
+            self.write(own)
         self.connecting.extend(key for key in steps.connect if key not in self.connecting)
         self.lookups.extend(steps.lookup)
         self.done.extend(steps.done)
@@ -143,19 +142,30 @@ class World:
         self.more = self.more or steps.more
         return steps
 
+    def write(self, p: Publish) -> None:
+        """The driver writes ``p``'s try on its link."""
+        link, data = p.link, p.data
+        p.data = None
+        if not link.alive:  # pragma: no cover - the flow never picks a dead link
+            raise AssertionError(f"{p} sent on a dead link")
+        assert data is not None
+        link.requests.append((p, data))
+        self.sent.append((p, link))
+        self.unanswered.setdefault(id(p), []).append(link)
+
     def publish(
         self, key: Any = NO_KEY, *, timeout: float = 5.0, body: bytes = b"x", partition=None
     ) -> Publish:
         request = plain_request(TOPIC, body, partition, key)
         p, steps = self.flow.submit(request, self.now, self.now + timeout, waiter=object())
         self.calls.append(p)
-        self.act(steps)
+        self.act(steps, own=p)
         return p
 
     def submit(self, request: PublishRequest, timeout: float = 5.0) -> Publish:
         p, steps = self.flow.submit(request, self.now, self.now + timeout, waiter=object())
         self.calls.append(p)
-        self.act(steps)
+        self.act(steps, own=p)
         return p
 
     def connect(self, index: int = 0, *, ok: bool = True) -> Link | None:
@@ -240,7 +250,10 @@ class World:
             if isinstance(outcome, NSQError):
                 self.act(self.flow.refused(p, outcome, self.now))
             else:
-                self.act(self.flow.answered(p, outcome, self.now))
+                steps = self.flow.answered(p, outcome, self.now)
+                if p.results is not None:
+                    self.done.append(p)  # the driver answers the publish answered
+                self.act(steps)
 
     def roundtrip(self, link: Link | None = None) -> None:
         """Every link (or ``link``) processes and answers everything, connects and lookups
