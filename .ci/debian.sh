@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # Sourced by the CI scripts that make Debian root filesystems (.ci/docker-engine for its base
-# image, .ci/python313 for its trixie root): timing, Debian packages, debootstrap.
+# image, .ci/python for its trixie and sid roots): timing, Debian packages, debootstrap.
 # The sourcing script defines `say MESSAGE` (progress on stderr).
 
 now() { date +%s.%N; }

@@ -126,4 +126,3 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -174,8 +174,21 @@ async def test_interim_answers_are_skipped() -> None:
         (b"HTTP/1.1 200 OK\r\nContent-Length: ten\r\n\r\n", "no length"),
         (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed header"),
         (b"\x00\x00\x00\x06\x00\x00\x00\x01E_BAD", "no HTTP status line"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\nok", "no length"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", "chunked"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\nok\r\n0\r\n\r\n", "chunk"),
     ],
-    ids=["hang-up", "not-http", "cut-short", "bad-length", "bad-header", "no-line"],
+    ids=[
+        "hang-up",
+        "not-http",
+        "cut-short",
+        "bad-length",
+        "bad-header",
+        "no-line",
+        "a-digit-no-int-takes",
+        "gzip-coding",
+        "0x-chunk-size",
+    ],
 )
 async def test_what_is_no_answer_is_a_typed_error(answer: bytes | None, why: str) -> None:
     async with RawHttp(lambda head: answer, close_after=True).running() as server, client() as http:
@@ -213,6 +226,23 @@ async def test_an_nsqd_tcp_port_is_told_apart(through: str) -> None:
         if through == "plain"
         else [[b"POST", b"/channel/setoffset"], [b"GET", b"/"]]
     )
+
+
+async def test_a_folded_header_is_joined_with_a_space() -> None:
+    folded = b"HTTP/1.1 200 OK\r\nX-Note: first\r\n  second\r\nContent-Length: 2\r\n\r\nok"
+    async with RawHttp(lambda head: folded).running() as server, client() as http:
+        answer = await exchange(http, "GET", server.url + "/lookup", timeout=BOUND)
+        assert (answer.headers["x-note"], answer.body) == ("first second", b"ok")
+
+
+async def test_chunked_beside_a_length_is_read_and_its_connection_not_kept() -> None:
+    both = b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nTransfer-Encoding: chunked\r\n\r\n"
+    both += b"2\r\nok\r\n0\r\n\r\n"
+    async with RawHttp(lambda head: both).running() as server, client() as http:
+        for _ in range(2):
+            answer = await exchange(http, "GET", server.url + "/lookup", timeout=BOUND)
+            assert answer.body == b"ok"
+        assert server.connections == 2
 
 
 async def test_nothing_listening_is_a_typed_error() -> None:

@@ -137,13 +137,13 @@ async def test_every_wait_of_a_direct_publish_is_cut_at_its_deadline() -> None:
     each ends by its own deadline, whether it waited for an answer, for the connection the
     link holds half-open, or for a new one (on real nsqd 1.3.0, 1 of 15 took 10 s, twice
     its bound: "ran out of time waiting for a connection (try 2)")."""
-    async with Cluster(nodes=1, classic=True) as cluster:
-        async with Producer(
-            nsqd=cluster.nsqd_addresses, publish_timeout=0.5, retry_backoff=QUICK
-        ) as producer:
-            await producer.publish("t", b"warm")
-            cluster.blackhole(0)  # the open connection and every new one: silent
-            for number in range(8):
-                await _raises_in_time(producer.publish("t", b"%d" % number), 0.5)
-            cluster.heal(0)
-            await producer.publish("t", b"after")  # and it recovers
+    async with (
+        Cluster(nodes=1, classic=True) as cluster,
+        Producer(nsqd=cluster.nsqd_addresses, publish_timeout=0.5, retry_backoff=QUICK) as producer,
+    ):
+        await producer.publish("t", b"warm")
+        cluster.blackhole(0)  # the open connection and every new one: silent
+        for number in range(8):
+            await _raises_in_time(producer.publish("t", b"%d" % number), 0.5)
+        cluster.heal(0)
+        await producer.publish("t", b"after")  # and it recovers

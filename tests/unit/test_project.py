@@ -102,5 +102,60 @@ def test_package_metadata_names_its_authors_links_and_audience() -> None:
         if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
     )
     assert minors[0] == int(lowest.group(1))
-    # Only what CI runs: the machine's 3.11 (.ci/run) and Debian 13's 3.13 (.ci/python313).
-    assert minors == [11, 13]
+    # Only what CI runs: the host's Python and the legs .ci/run runs in Debian roots.
+    assert [f"3.{minor}" for minor in minors] == sorted(_ci_legs(), key=_version_key)
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def _ci_legs() -> dict[str, str]:
+    """The Python versions .ci/run tests, each with its set of tests: the host's
+    (``HOST_PYTHON``, everything: ``host``) and each ``.ci/python VERSION SET`` it runs."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    host = re.findall(r"^HOST_PYTHON=(3\.\d+)$", ci, re.MULTILINE)
+    assert len(host) == 1, "one HOST_PYTHON= line in .ci/run"
+    legs = {host[0]: "host"}
+    for version, test_set in re.findall(
+        r"^as_root \.ci/python (\S+) (\S+) \|\| failed_legs\+=\(\1\)$", ci, re.MULTILINE
+    ):
+        assert version not in legs, f"Python {version} runs twice in .ci/run"
+        legs[version] = test_set
+    return legs
+
+
+def test_ci_tests_the_versions_on_both_ends_fully_and_the_readme_names_them() -> None:
+    """Every leg is a version .ci/python knows and a set it has; the oldest version runs on
+    the host (everything), the newest the full set; the README's Development section names
+    each version CI tests."""
+    legs = _ci_legs()
+    assert len(legs) >= 2
+    versions = sorted(legs, key=_version_key)
+    assert legs[versions[0]] == "host"
+    assert legs[versions[-1]] == "full"
+    script = (ROOT / ".ci" / "python").read_text()
+    known = re.search(r'^case "\$VERSION" in\n(.*?)^esac$', script, re.MULTILINE | re.DOTALL)
+    assert known is not None
+    for version, test_set in legs.items():
+        if test_set != "host":
+            assert test_set in ("full", "light")
+            assert re.search(
+                rf"^    [\d. |]*\b{re.escape(version)}\b[\d. |]*\)", known.group(1), re.MULTILINE
+            ), f".ci/python does not know Python {version}"
+    readme = (ROOT / "README.md").read_text()
+    development = readme.split("## Development", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"\b3\.\d+\b", development))
+    assert named == set(legs), f"the README names {sorted(named)}, CI tests {versions}"
+
+
+def test_the_legs_run_the_host_s_pure_python_selection() -> None:
+    """.ci/python's SELECTION (what each leg runs with SMARTNSQ_PURE=1, and a light leg on
+    both builds) is what .ci/run runs again with SMARTNSQ_PURE=1 on the host."""
+    ci = (ROOT / ".ci" / "run").read_text().replace("\\\n", " ")
+    host = re.findall(r"^SMARTNSQ_PURE=1 \.venv/bin/python -m pytest (.+)$", ci, re.MULTILINE)
+    assert len(host) == 1
+    script = (ROOT / ".ci" / "python").read_text()
+    selection = re.search(r"^SELECTION=\((.*?)\)$", script, re.MULTILINE | re.DOTALL)
+    assert selection is not None
+    assert selection.group(1).split() == host[0].split()
