@@ -236,9 +236,11 @@ class Subscriber:
         if self._wake is not None:
             self._wake.set()
 
-    async def _desired(self) -> set[Key]:
+    async def _desired(self) -> dict[Key, None]:
+        """The subscriptions wanted, in the layout's order (a dict: subscribing in an order
+        no hash decides, so a simulation's seed replays it)."""
         if self.lookup is None:
-            return {(address, None) for address in self.nsqd}
+            return dict.fromkeys((address, None) for address in self.nsqd)
         try:
             if self._force_refresh:
                 self._force_refresh = False
@@ -248,7 +250,7 @@ class Subscriber:
         except TopicNotFoundError:
             self._warn_missing_topic()  # classic lookupd before the topic exists
             self._topic_missing = True
-            return set()
+            return {}
         missing = layout.empty and (layout.meta is None or not layout.meta.valid)
         if missing:
             self._warn_missing_topic()  # a youzan lookupd answers an unknown topic empty
@@ -258,13 +260,13 @@ class Subscriber:
         self._check_layout(layout)
         if layout.youzan and layout.partition_num:
             self.wanted = self.partitions or frozenset(range(layout.partition_num))
-        keys: set[Key] = set()
+        keys: dict[Key, None] = {}
         for partition, leader in layout.partitions.items():
             if self.partitions is None or partition in self.partitions:
-                keys.add((leader.tcp_address, partition))
+                keys[(leader.tcp_address, partition)] = None
                 self._leaders[partition] = leader
         if self.partitions is None:
-            keys.update((node.tcp_address, None) for node in layout.classic_nodes)
+            keys.update(dict.fromkeys((node.tcp_address, None) for node in layout.classic_nodes))
         return keys
 
     def _check_layout(self, layout: TopicLayout) -> None:

@@ -16,9 +16,10 @@ class LogThrottle:
     :meth:`allow` returns None when the record must be held back, else how many records of
     that key were held back since the last one let through (0 for the first)."""
 
-    def __init__(self, interval: float = 10.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, interval: float = 10.0, clock: Callable[[], float] | None = None):
         self.interval = interval
-        self._clock = clock
+        # Read from the time module when made (a simulation stands in for its clocks).
+        self._clock = clock if clock is not None else time.monotonic
         self._next: dict[Hashable, float] = {}
         self._held: dict[Hashable, int] = {}
 

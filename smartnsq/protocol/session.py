@@ -152,7 +152,7 @@ class ClientSession:
         request_timeout: float = 10.0,
         handshake_timeout: float = 5.0,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.address = address
         self._on_response = on_response
@@ -164,7 +164,8 @@ class ClientSession:
         # is dead. -1 and 0 (the server's default) watch nothing, as before.
         interval = identify.heartbeat_interval / 1000
         self._silence_limit = 2 * interval + 1 if interval > 0 else None
-        self._clock = clock
+        # Read from the time module when made (a simulation stands in for its clocks).
+        self._clock = clock if clock is not None else time.monotonic
         self._decoder = FrameDecoder(max_frame_size)
         self._state = State.CONNECTED
         self._ended = False  # the state is one of TERMINAL_STATES
@@ -186,7 +187,7 @@ class ClientSession:
         # request_timeout: (when, the bound that ends it then, the step waited for).
         self._handshake_end = 0.0
         self._handshake_deadline: tuple[float, float, str] | None = None
-        self._last_received = clock()
+        self._last_received = self._clock()
         #: What the session queued to send itself (NOP, AUTH): :meth:`data_to_send` takes it.
         self.outbox: list[bytes] = []
         self._on_message: Callable[[Any], None] | None = None

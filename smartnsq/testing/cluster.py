@@ -185,7 +185,7 @@ class Cluster:
         self.lookupds = [
             LookupdNode(i, self._directory, self._topology, self._checks) for i in range(lookupds)
         ]
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: dict[asyncio.Task[Any], None] = {}  # in the order they started
         self._sweeper: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
@@ -346,8 +346,11 @@ class Cluster:
 
     def track(self, task: asyncio.Task[Any]) -> None:
         """Keep a background task of the emulator referenced until done; cancelled by stop()."""
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[task] = None
+        task.add_done_callback(self._untrack)
+
+    def _untrack(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.pop(task, None)
 
     async def _sweep_loop(self) -> None:
         while True:

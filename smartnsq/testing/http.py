@@ -208,7 +208,7 @@ class _HttpProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
-        self._server._connections.add(self)
+        self._server._connections[self] = None
         if self._server.blackholed:
             self.go_silent()
 
@@ -231,7 +231,7 @@ class _HttpProtocol(asyncio.Protocol):
         transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._server._connections.discard(self)
+        self._server._connections.pop(self, None)
         self._closing = True
 
     def data_received(self, data: bytes) -> None:
@@ -241,8 +241,9 @@ class _HttpProtocol(asyncio.Protocol):
             return
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._serve())
-            self._server._tasks.add(self._task)
-            self._task.add_done_callback(self._server._tasks.discard)
+            tasks = self._server._tasks
+            tasks[self._task] = None
+            self._task.add_done_callback(lambda task: tasks.pop(task, None))
 
     def _next_request(self) -> Request | bool | None:
         """A complete request, None if more bytes are needed, False if malformed. Like Go's
@@ -343,8 +344,9 @@ class HttpServer:
         self.host = host
         self.port = port
         self._server: asyncio.base_events.Server | None = None
-        self._connections: set[_HttpProtocol] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        # dicts, not sets: what acts on each does so in the order they came
+        self._connections: dict[_HttpProtocol, None] = {}
+        self._tasks: dict[asyncio.Task[None], None] = {}
         self.blackholed = False
         self.stopping = False
 

@@ -38,6 +38,7 @@ youzan operator endpoints (v1, on the leader lookupd), beside ``/topic/create`` 
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from typing import TYPE_CHECKING, Any
 
@@ -81,8 +82,12 @@ _GET = ("GET",)
 _POST = ("POST",)
 
 
-def _reserve_port(host: str) -> socket.socket:
-    """A bound socket that keeps a port number for the (unserved) lookupd TCP/RPC ports."""
+def _reserve_port(host: str) -> Any:
+    """A bound socket that keeps a port number for the (unserved) lookupd TCP/RPC ports; on
+    a simulation's loop, a port of its network (it has no sockets)."""
+    reserve = getattr(asyncio.get_running_loop(), "reserve_port", None)
+    if reserve is not None:
+        return reserve(host)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind((host, 0))
     return sock
@@ -104,7 +109,7 @@ class LookupdNode:
             self.handle, directory.host, directory.planned_port(index, "lookupd")
         )
         self.frozen: dict[tuple[str, str, str], tuple[int, Any]] | None = None
-        self._reserved: list[socket.socket] = []
+        self._reserved: list[Any] = []  # bound sockets, or a simulation's ports
         if topology.classic:
             # nsqlookupd 1.x answers every endpoint in the v1 format
             self.routes = {

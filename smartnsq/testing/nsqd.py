@@ -218,7 +218,8 @@ class NsqdNode:
         self.track = track  # keeps a background task until done; cancelled when all stops
         self.entry = directory.nsqds[index]
         self.classic_topics = topology.classic_topics[index]
-        self.sessions: set[ClientSession] = set()
+        # a dict, not a set: what acts on every session does so in the order they came
+        self.sessions: dict[ClientSession, None] = {}
         self.latency = 0.0
         self.heartbeats_enabled = True
         self.blackholed = False  # see blackhole()
@@ -381,14 +382,14 @@ class ClientSession(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.node.sessions.add(self)
+        self.node.sessions[self] = None
         self._schedule_heartbeat()
         if self.node.blackholed:
             self.go_silent()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
-        self.node.sessions.discard(self)
+        self.node.sessions.pop(self, None)
         if self._hb_handle is not None:
             self._hb_handle.cancel()
         if self._ticker is not None:

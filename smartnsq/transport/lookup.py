@@ -269,7 +269,7 @@ class LookupManager:
         backoff_max: float = 60.0,
         http_attempts: int = 2,
         http_retry_wait: float = 0.1,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
         rand: Callable[[], float] = random.random,
         sleep: Sleep = asyncio.sleep,
         http_client: httpx.AsyncClient | None = None,
@@ -313,7 +313,8 @@ class LookupManager:
         self._backoff_max = float(backoff_max)
         self._http_attempts = http_attempts
         self._http_retry_wait = float(http_retry_wait)
-        self._clock = clock
+        # Read from the time module when made (a simulation stands in for its clocks).
+        self._clock = clock if clock is not None else time.monotonic
         self._rand = rand
         self._sleep = sleep
         self._client: HttpClient | httpx.AsyncClient | None = http_client
