@@ -132,13 +132,12 @@ async def publish(args: Any, result: Result) -> None:
         await run(args.warmup)
         latencies.clear()
         settle_gc(args.gc)
-        batcher = producer._batcher  # read only: how many MPUBs auto-batching sent
-        sent = batcher.batches_sent if batcher is not None else 0
+        sent = producer.stats().publishes  # with auto-batching: how many MPUBs it sent
         meter.start()
         await asyncio.wait_for(run(args.messages), args.timeout)
         meter.stop()
-        if batcher is not None:
-            result.extra["mpub_batches"] = batcher.batches_sent - sent
+        if linger is not None:
+            result.extra["mpub_batches"] = producer.stats().publishes - sent
     meter.fill(result, args.messages)
     result.latency_us = percentiles(latencies)
     if linger is not None:

@@ -54,30 +54,33 @@ class BlockingPublisher:
         ``publish_timeout``): its results, or its error raised."""
         now = time.monotonic()
         deadline = now + (self._sender.publish_timeout if timeout is None else timeout)
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not a with statement: half its cost, on a path taken per publish
+        try:
             p, steps = self._flow.submit(request, now, deadline, None, None, via=HERE)
             here = p.link is HERE and p.state == SENT
             if not here and not p.done:
                 p.waiter = _Waiter()  # the loop ends it
+        finally:
+            lock.release()
         if here:
             if steps.busy or self._flow.wake_changed:
                 self._sender.act_soon(steps)
-            results = self._try_here(p, deadline)
+            results = self._try_here(p, deadline, now)
             if results is not None:
                 return results
         else:
             self._hand_over(steps)
         return _outcome(p, deadline)
 
-    def _try_here(self, p: Publish, deadline: float) -> list[PublishResult] | None:
+    def _try_here(self, p: Publish, deadline: float, now: float) -> list[PublishResult] | None:
         """``p``'s try over this thread's connection: its results, or None when the loop
         carries it on or it ended (:func:`_outcome` says how)."""
         route = p.route
         if route is None:  # pragma: no cover - set by submit
             raise ConnectionClosedError("the publish was not routed")
-        key = (route.address, route.pool_topic, route.partition)
+        key = route.key
         pool = self._pool
-        now = time.monotonic()
         conn: BlockingConnection | None = None
         try:
             conn = pool.take(key, now) or pool.connect(key, deadline)
@@ -116,9 +119,13 @@ class BlockingPublisher:
                 raise
         finally:
             pool.give_back(key, conn)
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             steps = self._flow.answered(p, frame, time.monotonic(), pump=False)
             self.answered_here += 1
+        finally:
+            lock.release()
         if steps.busy or self._flow.wake_changed:
             self._sender.act_soon(steps)  # what it released is the loop's
         return p.results  # answered here: not the loop's to answer

@@ -5,9 +5,9 @@ The API over the floors below, as aiokafka splits its producer: the arguments ar
 into a request (:mod:`smartnsq.publishing.arguments`); the publish flow
 (:mod:`smartnsq.publishing.flow`) decides everything about it (its partition's lane, where
 each try goes, what to wait for, when to try again or give up); the Sender
-(:mod:`smartnsq.producer.sender`) carries that out on the event loop; auto-batching
-(:mod:`smartnsq.producer.batching`) gathers concurrent publishes into MPUBs before them. What
-stays here is the lifecycle, the API and the telemetry spans.
+(:mod:`smartnsq.producer.sender`) carries that out on the event loop (auto-batching too: the
+flow joins a partition's waiting publishes into MPUBs). What stays here is the lifecycle,
+the API and the telemetry spans.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import Any, TypeVar, cast
 
 from smartnsq.client.options import expose_options, keyword_arguments
-from smartnsq.client.telemetry import Telemetry, error_type
+from smartnsq.client.telemetry import Telemetry, end_send_span, error_type
 from smartnsq.errors import (
     ClientClosedError,
     NoWritablePartitionError,
@@ -30,13 +30,12 @@ from smartnsq.errors import (
     ValidationError,
 )
 from smartnsq.flow.retry import Backoff
-from smartnsq.producer.batching import Batcher
 from smartnsq.producer.options import DEFAULT_PUBLISH_TIMEOUT, ProducerOptions
 from smartnsq.producer.sender import Sender
 from smartnsq.protocol.lookupd import TopicLayout
 from smartnsq.protocol.validation import MAX_BODY_SIZE, MAX_MSG_SIZE, check_bodies, check_topic
 from smartnsq.publishing.arguments import PublishArguments, TraceSwitch, check_publish_timeout
-from smartnsq.publishing.flow import PublishFlow
+from smartnsq.publishing.flow import Publish, PublishFlow
 from smartnsq.publishing.request import PublishRequest, batch_extras, batch_request
 from smartnsq.publishing.result import PublishResult
 from smartnsq.publishing.routes import ANY_TOPIC, Router
@@ -144,6 +143,8 @@ class Producer:
             producer_id=f"{random.getrandbits(64):016x}" if options.stamps else None,
             links_per_key=options.connections_per_partition,
             verbose=log.isEnabledFor(logging.DEBUG),
+            linger=options.linger,
+            max_batch=options.max_batch,
         )
         #: The asyncio driver of the publish flow (the blocking producer drives the same
         #: flow through it).
@@ -156,19 +157,10 @@ class Producer:
             write_timeout=config.write_timeout,
             telemetry=self._telemetry,
         )
-        self._batcher = (
-            Batcher(
-                self._flush_batch,
-                linger=options.linger,
-                max_batch=options.max_batch,
-                max_bytes=options.max_body_size,
-            )
-            if options.linger is not None
-            else None
-        )
+        self._pools = options.linger is not None  # unkeyed plain publishes wait for company
         self._state = "new"  # new -> starting -> started -> closed
-        # Set when close() begins: new publishes are refused while the batches already
-        # accepted are flushed (the state stays "started" so that their retries still run).
+        # Set when close() begins: new publishes are refused while those auto-batched are
+        # flushed (the state stays "started" so that their retries still run).
         self._closing = False
         self._start_lock: asyncio.Lock | None = None
 
@@ -253,9 +245,8 @@ class Producer:
             "the Producer was closed before this publish was answered "
             "(nsqd may or may not have stored it)"
         )
-        if self._batcher is not None:
-            await self._batcher.flush(self.options.publish_timeout)
-            self._batcher.close(closed)
+        if self.options.linger is not None and self._state == "started":
+            await self.sender.flush(self.options.publish_timeout)
         self._state = "closed"
         await self.sender.close(closed)
         if self._lookup is not None and self._owns_lookup:
@@ -327,36 +318,37 @@ class Producer:
         publish raises :class:`PublishError` (retries exhausted) or the server's typed error
         (not retriable).
         """
-        batcher = self._batcher
         if (
-            batcher is not None
+            self._pools
             and partition is None
             and sharding_key is None
             and trace_id is None
             and ext is None
             and delay is None
-            and timeout is None
             and self._state == "started"
-            and not self._switch.on(topic)
         ):
-            # Auto-batched, naming nothing but its body: the topic's unkeyed lane, with no
-            # request of its own (the batch is the request).
+            if self._telemetry.enabled or self._switch.on(topic):
+                return await self._pooled(topic, body, timeout)
+            # Auto-batched with the others of its topic, naming nothing but its body: no
+            # request of its own (its batch is the request).
             data = self.arguments.body(topic, body)
+            if timeout is not None:
+                timeout = check_publish_timeout("timeout", timeout)
             if self._closing:
                 raise _closing_error()
-            result: PublishResult = await batcher.add((topic, "any"), data, None, ordered=False)
-            return result
+            waiter = self.sender.pool(topic, data, None, timeout)
+            try:
+                pooled: list[PublishResult] = await waiter
+            except asyncio.CancelledError:
+                self.sender.unpool(topic, waiter)
+                raise
+            return pooled[0]
         request, timeout = self.arguments.message(
             topic, body, partition, sharding_key, trace_id, ext, delay, timeout
         )
         if self._closing:
             raise _closing_error()
-        if batcher is not None:
-            if timeout is None and (
-                request.command == "PUB" or (request.command == "PUB_TRACE" and request.auto_trace)
-            ):
-                return await self._batched(request)
-        elif self._state == "started" and not self._telemetry.enabled:
+        if self._state == "started" and not self._telemetry.enabled:
             # What _run does, with nothing to trace: one coroutine per publish, not two.
             p = self.sender.publish(request, timeout)
             try:
@@ -464,8 +456,11 @@ class Producer:
             )
             requests.append((indexes, request))
         remaining = max(deadline - self.sender.now(), 1e-3)  # the one deadline, for all
+        # Submitted here, together: each joins its partition's lane now, in call order with
+        # the publishes called after this one.
+        started = [(self._start(request, remaining), request) for _, request in requests]
         outcomes = await asyncio.gather(
-            *(self._run(request, remaining) for _, request in requests), return_exceptions=True
+            *(self._outcome(p, request) for p, request in started), return_exceptions=True
         )
         results: list[PublishResult | None] = [None] * count
         place = results.__setitem__
@@ -478,16 +473,49 @@ class Producer:
     # ------------------------------------------------------------------ one publish
 
     async def _run(self, request: PublishRequest, timeout: float | None) -> list[PublishResult]:
-        """Publish ``request`` through the flow (every publish that is not auto-batched, and
-        every batch the batcher sends) within ``timeout`` (None: ``publish_timeout``), with
-        an OpenTelemetry span when tracing is on."""
+        """Publish ``request`` through the flow within ``timeout`` (None:
+        ``publish_timeout``), with an OpenTelemetry span when tracing is on."""
+        return await self._outcome(self._start(request, timeout), request)
+
+    def _start(self, request: PublishRequest, timeout: float | None) -> Publish:
+        """Submit ``request`` to the flow (its span begins)."""
         if self._state != "started":
             self._begin()
         telemetry = self._telemetry
         span = None
         if telemetry.enabled:
             span = telemetry.start_send(request.topic, len(request.bodies))
-        p = self.sender.publish(request, timeout, span)
+        return self.sender.publish(request, timeout, span)
+
+    async def _pooled(self, topic: str, body: bytes | str, timeout: float | None) -> PublishResult:
+        """An unkeyed plain publish, auto-batched with the others of its topic, traced by
+        the trace switch or with a span (which ends with its batch's answer)."""
+        request, timeout = self.arguments.message(topic, body, timeout=timeout)
+        if self._closing:
+            raise _closing_error()
+        telemetry = self._telemetry
+        span = telemetry.start_send(topic, 1) if telemetry.enabled else None
+        trace_id = request.trace_ids[0] if request.trace_ids else None
+        waiter = self.sender.pool(topic, request.bodies[0], trace_id, timeout)
+        try:
+            results: list[PublishResult] = await waiter
+        except asyncio.CancelledError:
+            self.sender.unpool(request.topic, waiter)
+            raise
+        except BaseException as exc:
+            if span is not None:
+                Telemetry.fail(span, exc)
+                span.end()
+                self._meter_failure(request, exc)
+            raise
+        if span is not None:
+            end_send_span(span, results)
+            telemetry.count("published", 1, {"messaging.destination.name": request.topic})
+        return results[0]
+
+    async def _outcome(self, p: Publish, request: PublishRequest) -> list[PublishResult]:
+        """``p``'s results, or its error raised (metered)."""
+        telemetry = self._telemetry
         try:
             results: list[PublishResult] = await p.waiter
         except asyncio.CancelledError:
@@ -522,46 +550,6 @@ class Producer:
                 if layout is None:
                     raise
                 stale = layout
-
-    # ------------------------------------------------------------------ batching
-
-    async def _batched(self, request: PublishRequest) -> PublishResult:
-        """Hand the message to the batcher, in the lane of its partition (keyed or explicit
-        publishes) or the topic's shared lane (unkeyed)."""
-        if self._state != "started":
-            self._begin()
-        batcher = cast(Batcher, self._batcher)
-        ordered = not request.movable
-        lane: tuple[Any, ...]
-        if not ordered:
-            lane = (request.topic, "any")
-        else:
-            # The lane is the partition (or classic nsqd), known without a writable leader.
-            deadline = self.sender.now() + self.options.publish_timeout
-            target = await self._decided(
-                request.topic, deadline, lambda layout: self._router.target(request, layout)
-            )
-            lane = (request.topic, "pinned", isinstance(target, int), target)
-        trace_id = request.trace_ids[0] if request.trace_ids else None
-        result: PublishResult = await batcher.add(
-            lane, request.bodies[0], trace_id, ordered=ordered
-        )
-        return result
-
-    async def _flush_batch(
-        self, lane: Any, bodies: list[bytes], trace_ids: list[int] | None
-    ) -> list[PublishResult]:
-        """Send one batch of a lane (the batcher's flush): an MPUB request like any other."""
-        pinned = lane[1] == "pinned"
-        request = batch_request(
-            lane[0],
-            bodies,
-            partition=lane[3] if pinned and lane[2] else None,
-            address=lane[3] if pinned and not lane[2] else None,
-            trace_ids=trace_ids,
-            auto_trace=trace_ids is not None,
-        )
-        return await self._run(request, None)
 
 
 def _describe_target(target: int | str) -> str:

@@ -42,12 +42,13 @@ stored twice, or stored after the producer gave up on it.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import logging
 from collections import deque
 from collections.abc import Callable, Hashable
-from typing import Any, Protocol
+from typing import Any
 
 from smartnsq.errors import (
     NoWritablePartitionError,
@@ -60,8 +61,28 @@ from smartnsq.errors import (
 )
 from smartnsq.flow.logthrottle import LogThrottle
 from smartnsq.protocol.lookupd import TopicLayout
-from smartnsq.publishing.request import NO_KEY, PublishRequest
-from smartnsq.publishing.result import PublishResult
+from smartnsq.publishing.lanes import (
+    BATCH_OVERHEAD,
+    DONE,
+    LOST,
+    NO_LAYOUT,
+    NO_STEPS,
+    PER_MESSAGE,
+    PER_TRACE_ID,
+    QUEUED,
+    REFUSED,
+    SENT,
+    ZOMBIE,
+    Batch,
+    Delays,
+    Key,
+    Lane,
+    Pool,
+    Publish,
+    Steps,
+    Waiters,
+)
+from smartnsq.publishing.request import NO_KEY, PublishRequest, batch_request, single_request
 from smartnsq.publishing.routes import ANY_TOPIC, Route, Router, classic_routes
 from smartnsq.publishing.stamps import Stamp
 from smartnsq.publishing.stats import ProducerStats
@@ -70,13 +91,16 @@ from smartnsq.publishing.wire import PublishCodec
 __all__ = [
     "DONE",
     "LANE_DEPTH",
+    "NO_STEPS",
     "PER_TURN",
     "QUEUED",
     "SENT",
     "WARN_AFTER",
     "ZOMBIE",
+    "Batch",
     "Delays",
     "Lane",
+    "Pool",
     "Publish",
     "PublishFlow",
     "Steps",
@@ -93,214 +117,9 @@ PER_TURN = 256
 #: A publish failing for this long is worth a warning; a publish with nowhere to go looks
 #: again this often (a leader move takes less).
 WARN_AFTER = 5.0
-
-# The states of a publish.
-QUEUED = 0  # in its lane (or waiting for a layout), not in flight
-SENT = 1  # its try is in flight on ``link``
-REFUSED = 2  # nsqd refused its try; waits for the tries sent behind it to be answered
-LOST = 3  # its try ended unanswered (lost connection, timeout); waits for the others
-ZOMBIE = 4  # over for its caller (deadline, cancelled), its try still in flight
-DONE = 5  # over: ``results`` or ``error`` set, removed from its lane
-
-_NONE_AVOIDED: frozenset[int] = frozenset()
-Key = tuple[str, str, "int | None"]  # a link's pool key: (address, pool topic, partition)
-_NO_LAYOUT: Any = object()  # a lane not waiting for a layout
-
-
-class Delays(Protocol):
-    """What spaces a lane's tries: the wait after ``failures`` consecutive failures."""
-
-    def delay(self, failures: int) -> float: ...
-
-
-class Publish:
-    """One publish as the flow keeps it: the request, its deadline, the driver's ``waiter``
-    and telemetry ``span`` (opaque here), and its tries so far: how many, the partitions
-    an unkeyed one failed on (``avoid``), the last try's route, link and trace ids, whether
-    some try may have been stored (``maybe_stored``), the last failure; once over, its
-    ``results`` or ``error``. ``seq``: its stamp number (0: not stamped). ``command`` and
-    ``data``: its try to write, until the driver wrote it."""
-
-    __slots__ = (
-        "avoid",
-        "command",
-        "data",
-        "deadline",
-        "error",
-        "failure",
-        "lane",
-        "link",
-        "maybe_stored",
-        "overtaken",
-        "request",
-        "results",
-        "route",
-        "seq",
-        "span",
-        "state",
-        "trace_ids",
-        "tries",
-        "waiter",
-        "watched",
-    )
-
-    def __init__(self, request: PublishRequest, deadline: float, waiter: Any, span: Any) -> None:
-        self.request = request
-        self.deadline = deadline
-        self.waiter = waiter
-        self.span = span
-        self.state = QUEUED
-        self.tries = 0
-        self.avoid: frozenset[int] = _NONE_AVOIDED
-        self.route: Route | None = None
-        self.link: Any = None
-        self.command = ""
-        self.data: bytes | None = None
-        self.trace_ids: list[int] | None = None
-        self.maybe_stored = False
-        self.overtaken = False
-        self.failure: BaseException | None = None
-        self.lane: Lane | None = None
-        self.seq = 0
-        self.results: list[PublishResult] | None = None
-        self.error: BaseException | None = None
-        self.watched = False  # its deadline is in the flow's heap
-
-    @property
-    def done(self) -> bool:
-        return self.state == DONE
-
-    def __repr__(self) -> str:
-        states = ("queued", "sent", "refused", "lost", "zombie", "done")
-        return (
-            f"<Publish {self.request.command} {self.request.topic} seq={self.seq} "
-            f"tries={self.tries} {states[self.state]}>"
-        )
-
-
-class Lane:
-    """The publishes of one partition (``target``: its number, or the classic nsqd's
-    address), in call order: ``queue[:sending]`` were written on ``link`` and are not
-    settled (in flight, refused, lost, zombies), the rest wait their turn. An unkeyed
-    publish that has to wait gets a lane of its own (``movable``)."""
-
-    __slots__ = (
-        "failing_since",
-        "failures",
-        "in_flight",
-        "link",
-        "movable",
-        "next_seq",
-        "queue",
-        "recovering",
-        "retry_at",
-        "route",
-        "sending",
-        "stale",
-        "target",
-        "topic",
-        "waiting_key",
-    )
-
-    def __init__(self, topic: str, target: int | str | None, movable: bool = False) -> None:
-        self.topic = topic
-        self.target = target
-        self.movable = movable
-        self.queue: deque[Publish] = deque()
-        self.sending = 0
-        self.in_flight = 0
-        self.link: Any = None
-        self.route: Route | None = None
-        self.recovering = False
-        self.failures = 0
-        self.failing_since: float | None = None
-        self.retry_at = 0.0  # no send before (a backoff)
-        self.stale: Any = _NO_LAYOUT  # waits (until retry_at) for a layout other than this
-        self.waiting_key: Key | None = None  # waits for a link of this key
-        self.next_seq = 1
-
-    @property
-    def idle(self) -> bool:
-        return not self.queue and not self.in_flight
-
-    def __repr__(self) -> str:
-        return (
-            f"<Lane {self.topic}/{self.target} queued={len(self.queue)} "
-            f"sending={self.sending} in_flight={self.in_flight}>"
-        )
-
-
-class Steps:
-    """What the driver does after an event, in this order: write each of ``sends`` (a
-    publish whose ``link``, ``command`` and ``data`` say what and where; the driver clears
-    ``data`` once written); open a link for each of ``connect``; look up each of ``lookup``;
-    count each of ``retrying`` (publish, its last failure, its partition) as tried again;
-    answer the waiter of each of ``done`` (``results`` or ``error``); log ``notes``
-    ((level, message, args)). ``more``: call :meth:`PublishFlow.resume` on the driver's loop
-    soon (sends held for the next turn, or decided in another thread).
-
-    Each list is made when something goes in it (an event that decides little allocates
-    little); until then it reads as an empty tuple, the class's (no ``__slots__``: a Steps
-    is made per event, and most events set nothing)."""
-
-    sends: list[Publish] | tuple[()] = ()
-    done: list[Publish] | tuple[()] = ()
-    connect: list[Key] | tuple[()] = ()
-    lookup: list[str] | tuple[()] = ()
-    notes: list[tuple[int, str, tuple[Any, ...]]] | tuple[()] = ()
-    retrying: list[tuple[Publish, BaseException, int | None]] | tuple[()] = ()
-    more = False
-    #: Something to do (any of the above): what a driver looks at first.
-    busy = False
-
-    def send(self, p: Publish) -> None:
-        self.busy = True
-        if self.sends:
-            self.sends.append(p)
-        else:
-            self.sends = [p]
-
-    def over(self, p: Publish) -> None:
-        self.busy = True
-        if self.done:
-            self.done.append(p)
-        else:
-            self.done = [p]
-
-    def open(self, key: Key) -> None:
-        self.busy = True
-        self.connect = [*self.connect, key]
-
-    def look_up(self, topic: str) -> None:
-        self.busy = True
-        self.lookup = [*self.lookup, topic]
-
-    def note(self, level: int, message: str, args: tuple[Any, ...]) -> None:
-        self.busy = True
-        self.notes = [*self.notes, (level, message, args)]
-
-    def retry(self, p: Publish, failure: BaseException, partition: int | None) -> None:
-        self.busy = True
-        self.retrying = [*self.retrying, (p, failure, partition)]
-
-    def absorb(self, other: Steps) -> None:
-        """``other``'s steps too, after these."""
-        if other.busy:
-            self.busy = True
-            for name in ("sends", "done", "connect", "lookup", "notes", "retrying"):
-                theirs = getattr(other, name)
-                if theirs:
-                    setattr(self, name, [*getattr(self, name), *theirs])
-            self.more = self.more or other.more
-
-    def later(self) -> None:
-        """Ask for :meth:`PublishFlow.resume` on the driver's loop."""
-        self.busy = True
-        self.more = True
-
-
-#: What an event that decided nothing returns (never changed).
-NO_STEPS = Steps()
+# What auto-batching joins into one MPUB: plain PUBs, and PUB_TRACEs traced by the trace
+# switch (their receipts are the batch's); never the two together.
+_ALONE, _PLAIN, _TRACED = 0, 1, 2
 
 
 class _LinkInfo:
@@ -320,7 +139,9 @@ class PublishFlow:
     is. ``delays``: the backoff between a lane's tries; ``max_retries``: a publish's tries
     after its first, at most (None: its deadline only). ``producer_id``: stamps on ext
     topics (None: none). ``links_per_key``: how many links an unkeyed publish spreads over
-    (``connections_per_partition``). ``verbose``: a debug note per retry.
+    (``connections_per_partition``). ``verbose``: a debug note per retry. ``linger``
+    (auto-batching; None: off): how long a plain publish waits for others of its partition
+    (or, unkeyed, of its topic) to leave with as one MPUB of at most ``max_batch``.
     """
 
     def __init__(
@@ -337,6 +158,8 @@ class PublishFlow:
         verbose: bool = False,
         lane_depth: int = LANE_DEPTH,
         per_turn: int = PER_TURN,
+        linger: float | None = None,
+        max_batch: int = 100,
     ) -> None:
         self._router = router
         self._codec = codec
@@ -350,6 +173,11 @@ class PublishFlow:
         self._depth = lane_depth
         self._per_turn = per_turn
         self._budget = per_turn
+        self._linger = linger
+        self._max_batch = max_batch
+        self._pools: dict[str, Pool] = {}  # unkeyed publishes waiting for company, per topic
+        self._pooled = 0  # the messages in them
+        self._flushing = False  # the producer closes: nothing lingers any more
         self.stats = ProducerStats()
         self._now = 0.0
         self._throttle = LogThrottle(clock=lambda: self._now)
@@ -363,7 +191,7 @@ class PublishFlow:
         self._link_waiters: dict[Key, dict[Lane, None]] = {}
         self._spread: dict[Key, int] = {}  # round-robin over a key's links (unkeyed)
         self._deadlines: list[tuple[float, int, Publish]] = []
-        self._timers: list[tuple[float, int, Lane]] = []
+        self._timers: list[tuple[float, int, Lane | Pool]] = []
         self._order = itertools.count()
         self._pending = 0  # publishes not over, whose deadline the heap may hold
         self._dirty: dict[Lane, None] = {}  # lanes to pump on the driver's loop
@@ -389,7 +217,7 @@ class PublishFlow:
         driver), which the publish may take when its lane is idle: then ``p.link`` is ``via``
         and ``p`` is in flight, the calling thread's to write (see :meth:`encode_here`)."""
         self._now = now
-        p = Publish(request, deadline, waiter, span)
+        p = Publish(request, deadline, waiter, span, now)
         self._pending += 1
         if (
             self._layouts is None
@@ -450,11 +278,13 @@ class PublishFlow:
         p.trace_ids = trace_ids
         return command, data
 
-    def answered(self, p: Publish, frame: bytes, now: float, pump: bool = True) -> Steps:
+    def answered(self, p: Publish | Batch, frame: bytes, now: float, pump: bool = True) -> Steps:
         """nsqd answered ``p``'s try with ``frame`` (OK, or a trace receipt): it is stored,
         and ``p`` is over with ``p.results`` (its waiter is the driver's to answer: it is
-        not in ``steps.done``). ``pump`` False: called off the driver's loop (a blocking
-        thread), whose lanes the loop pumps (``steps.more``)."""
+        not in ``steps.done``; a batch's members are). ``pump`` False: called off the
+        driver's loop (a blocking thread), whose lanes the loop pumps (``steps.more``)."""
+        if isinstance(p, Batch):
+            return self._batch_answered(p, frame, now, pump)
         state = p.state
         if state == SENT:
             results = self._codec.results(p.request, p.route, frame, p.tries, p.trace_ids)  # type: ignore[arg-type]
@@ -481,13 +311,62 @@ class PublishFlow:
         self._after_answer(lane, now, steps, pump)
         return steps
 
-    def refused(self, p: Publish, error: BaseException, now: float, pump: bool = True) -> Steps:
-        """nsqd answered ``p``'s try with ``error`` (an error frame): nothing was stored."""
+    def _batch_answered(self, batch: Batch, frame: bytes, now: float, pump: bool) -> Steps:
+        """nsqd stored ``batch``: each member still in it is over with its result."""
         self._now = now
         steps = Steps()
+        results = self._codec.results(batch.request, batch.route, frame, 1, batch.trace_ids)
+        lane = batch.lane
+        bodies: list[bytes] = []
+        stored: list[Any] = []
+        for member, result in zip(batch.members, results, strict=True):
+            if member.batch is not batch:
+                continue
+            if member.state == SENT:
+                if member.tries != 1:
+                    result = dataclasses.replace(result, tries=member.tries)
+                member.results = [result]
+                member.state = DONE
+                self._pending -= 1
+                steps.over(member)
+                bodies.append(member.request.bodies[0])
+                stored.append(result)
+            elif member.state == ZOMBIE:
+                member.state = DONE  # stored after its caller was told it may have been
+            else:
+                continue
+            if lane is not None:
+                lane.in_flight -= 1
+                self._unlink(lane, member, stored=True)
+        if stored:
+            self.stats.acknowledged(bodies, stored)
+        if lane is not None:
+            lane.failures = 0
+            lane.failing_since = None
+            self._after_answer(lane, now, steps, pump)
+        return steps
+
+    def refused(
+        self, p: Publish | Batch, error: BaseException, now: float, pump: bool = True
+    ) -> Steps:
+        """nsqd answered ``p``'s try with ``error`` (an error frame): nothing was stored
+        (of a batch: none of it)."""
+        self._now = now
+        steps = Steps()
+        if isinstance(p, Batch):
+            for member in p.members:
+                if member.batch is p:
+                    self._refuse(member, error, now, steps, pump)
+        else:
+            self._refuse(p, error, now, steps, pump)
+        return steps
+
+    def _refuse(
+        self, p: Publish, error: BaseException, now: float, steps: Steps, pump: bool
+    ) -> None:
         state = p.state
         if state != SENT and state != ZOMBIE:
-            return steps
+            return
         lane = p.lane
         p.failure = error
         if lane is not None:
@@ -504,17 +383,16 @@ class PublishFlow:
             self._finish(p, error, steps)
         elif lane is None:
             self._retry_movable(p, now, steps)
-            return steps
+            return
         else:
             p.state = REFUSED
             lane.recovering = True
         if lane is not None:
             self._after_answer(lane, now, steps, pump)
-        return steps
 
     def lost(
         self,
-        p: Publish,
+        p: Publish | Batch,
         error: BaseException,
         now: float,
         written: bool = True,
@@ -524,9 +402,26 @@ class PublishFlow:
         out, or it could not be written: ``written`` False, when nothing of it left)."""
         self._now = now
         steps = Steps()
+        if isinstance(p, Batch):
+            for member in p.members:
+                if member.batch is p:
+                    self._lose(member, error, now, written, steps, pump)
+        else:
+            self._lose(p, error, now, written, steps, pump)
+        return steps
+
+    def _lose(
+        self,
+        p: Publish,
+        error: BaseException,
+        now: float,
+        written: bool,
+        steps: Steps,
+        pump: bool,
+    ) -> None:
         state = p.state
         if state != SENT and state != ZOMBIE:
-            return steps
+            return
         lane = p.lane
         if written:
             p.maybe_stored = True
@@ -551,13 +446,12 @@ class PublishFlow:
             self._finish(p, error, steps)
         elif lane is None:
             self._retry_movable(p, now, steps)
-            return steps
+            return
         else:
             p.state = LOST
             lane.recovering = True
         if lane is not None:
             self._after_answer(lane, now, steps, pump)
-        return steps
 
     def unsent(self, p: Publish, error: BaseException, now: float, pump: bool = True) -> Steps:
         """A ``via`` try was refused before anything was sent (:meth:`encode_here`
@@ -600,6 +494,72 @@ class PublishFlow:
             self._unplace(p)
         return steps
 
+    def pool(
+        self,
+        topic: str,
+        body: bytes,
+        trace_id: int | None,
+        now: float,
+        deadline: float,
+        waiter: Any,
+    ) -> Steps:
+        """An unkeyed plain publish with ``linger`` (a PUB; with ``trace_id``, a PUB_TRACE
+        the trace switch traced): it waits in its topic's pool for others, and they leave as
+        one publish (an MPUB) once the pool is full (``max_batch``, the frame's bytes), when
+        the first has lingered, or at once for one whose deadline would come first. Its
+        ``waiter`` gets a list of its one result, or the error of the publish it went in
+        (which ends by the earliest deadline of its messages)."""
+        self._now = now
+        pools = self._pools
+        pool = pools.get(topic)
+        traced = trace_id is not None
+        needed = PER_MESSAGE + len(body) + (PER_TRACE_ID if traced else 0)
+        steps = NO_STEPS
+        if pool is not None and (
+            pool.traced is not traced or pool.size + needed > self._codec.max_body_size
+        ):
+            steps = Steps()
+            self._flush_pool(pool, now, steps)  # plain and traced do not mix; or it is full
+            pool = None
+        if pool is None:
+            pool = pools[topic] = Pool(topic, traced, now + self._linger)  # type: ignore[operator]
+            heapq.heappush(self._timers, (pool.linger_at, next(self._order), pool))
+            self.wake_changed = True
+        bodies = pool.bodies
+        bodies.append(body)
+        pool.waiters.append(waiter)
+        if traced:
+            pool.trace_ids.append(trace_id)  # type: ignore[arg-type]
+        pool.size += needed
+        self._pooled += 1
+        if deadline < pool.deadline:
+            pool.deadline = deadline
+        if len(bodies) >= self._max_batch or deadline <= pool.linger_at or self._flushing:
+            if steps is NO_STEPS:
+                steps = Steps()
+            self._flush_pool(pool, now, steps)
+        return steps
+
+    def unpool(self, topic: str, waiter: Any) -> None:
+        """The caller of a pooled publish stopped waiting (its task was cancelled): if its
+        pool has not left, its message is taken out."""
+        pool = self._pools.get(topic)
+        if pool is None:
+            return
+        for index, each in enumerate(pool.waiters):
+            if each is waiter:
+                body = pool.bodies.pop(index)
+                del pool.waiters[index]
+                pool.size -= PER_MESSAGE + len(body)
+                if pool.traced:
+                    del pool.trace_ids[index]
+                    pool.size -= PER_TRACE_ID
+                self._pooled -= 1
+                if not pool.bodies:
+                    del self._pools[topic]
+                    pool.linger_at = -1.0  # its timer is stale
+                return
+
     def tick(self, now: float) -> Steps:
         """The time is ``now`` (at or after :meth:`next_deadline`): publishes whose deadline
         passed end, lanes whose backoff is over go on."""
@@ -613,12 +573,34 @@ class PublishFlow:
                 self._expire(p, steps)
         timers = self._timers
         while timers and timers[0][0] <= now:
-            at, _, lane = heapq.heappop(timers)
-            if lane.retry_at != at:
-                continue  # rescheduled since
-            lane.retry_at = 0.0
-            self._stop_waiting_layout(lane)
-            self._pump(lane, now, steps, budgeted=True)
+            at, _, timed = heapq.heappop(timers)
+            if isinstance(timed, Pool):
+                if timed.linger_at == at:
+                    self._flush_pool(timed, now, steps)
+                continue
+            lane = timed
+            if lane.retry_at == at:
+                lane.retry_at = 0.0
+                self._stop_waiting_layout(lane)
+                self._pump(lane, now, steps, budgeted=True)
+            elif lane.linger_at == at:
+                lane.linger_at = 0.0
+                self._pump(lane, now, steps, budgeted=True)
+            # else: rescheduled since
+        return steps
+
+    def flush(self, now: float) -> Steps:
+        """The producer closes: what waits for company (auto-batching) leaves now, and
+        nothing lingers from now on."""
+        self._now = now
+        self._flushing = True
+        steps = Steps()
+        for pool in list(self._pools.values()):
+            self._flush_pool(pool, now, steps)
+        for lane in list(self._lanes.values()):
+            if lane.linger_at:
+                lane.linger_at = 0.0
+                self._pump(lane, now, steps, budgeted=False)
         return steps
 
     def resume(self, now: float) -> Steps:
@@ -765,6 +747,7 @@ class PublishFlow:
         did with those in flight)."""
         steps = Steps()
         self._closed = error
+        self._flushing = True
         for lane in self._lanes.values():
             self._close_lane(lane, error, steps)
         for waiters in self._layout_waiters.values():
@@ -774,6 +757,8 @@ class PublishFlow:
         for queue in self._unplaced.values():
             while queue:
                 self._finish(queue.popleft(), error, steps)
+        for pool in list(self._pools.values()):
+            self._flush_pool(pool, 0.0, steps)  # made a publish, ended with the error
         for _, _, p in self._deadlines:
             if p.state != DONE and p.state != ZOMBIE:
                 self._finish(p, error, steps)
@@ -791,8 +776,8 @@ class PublishFlow:
         deadlines, timers = self._deadlines, self._timers
         while deadlines and deadlines[0][2].state in (DONE, ZOMBIE):
             heapq.heappop(deadlines)[2].watched = False
-        while timers and timers[0][2].retry_at != timers[0][0]:
-            heapq.heappop(timers)
+        while timers and timers[0][0] not in (timers[0][2].retry_at, timers[0][2].linger_at):
+            heapq.heappop(timers)  # rescheduled, or sent since
         first = deadlines[0][0] if deadlines else None
         if timers and (first is None or timers[0][0] < first):
             return timers[0][0]
@@ -814,8 +799,8 @@ class PublishFlow:
 
     @property
     def pending(self) -> int:
-        """Publishes not over."""
-        return self._pending
+        """Publishes not over (each message waiting in a pool counted as one)."""
+        return self._pending + self._pooled
 
     def lanes(self) -> list[Lane]:
         """The partitions' lanes (for tests and stats)."""
@@ -887,6 +872,7 @@ class PublishFlow:
         youzan = route.youzan or self._link_info[link].youzan
         lane.link = link
         limit = (1 if lane.recovering else self._depth) - lane.in_flight
+        batching = self._linger is not None and not lane.recovering
         while lane.sending < len(queue) and limit > 0:
             if budgeted:
                 if self._budget <= 0:
@@ -894,11 +880,109 @@ class PublishFlow:
                     return
                 self._budget -= 1
             p = queue[lane.sending]
+            if batching:
+                kind = _kind(p.request)
+                if kind != _ALONE:
+                    start = lane.sending
+                    end = self._run_end(queue, start, kind, limit)
+                    if (
+                        end == len(queue)
+                        and end - start < self._max_batch
+                        and not self._flushing
+                        and p.arrived + self._linger > now  # type: ignore[operator]
+                    ):
+                        self._linger_lane(lane, p.arrived + self._linger)  # type: ignore[operator]
+                        break  # it waits for company
+                    if end - start > 1:
+                        members = list(itertools.islice(queue, start, end))
+                        if self._send_batch(members, lane, route, link, youzan, steps):
+                            lane.sending = end
+                            lane.in_flight += end - start
+                            limit -= end - start
+                            continue
             if self._send(p, lane, route, link, youzan, steps, p is own):
                 lane.sending += 1
                 lane.in_flight += 1
                 limit -= 1
         self._forget_if_empty(lane)
+
+    def _run_end(self, queue: deque[Publish], start: int, kind: int, limit: int) -> int:
+        """Where the run of publishes from ``start`` that one batch may take ends: of the
+        same ``kind``, at most ``max_batch`` and ``limit`` of them, within the frame's
+        bytes."""
+        size = BATCH_OVERHEAD
+        budget = self._codec.max_body_size
+        stop = min(len(queue), start + self._max_batch, start + limit)
+        traced = kind == _TRACED
+        end = start
+        while end < stop:
+            request = queue[end].request
+            if _kind(request) != kind:
+                break
+            size += _size(request, traced)
+            if size > budget:
+                break
+            end += 1
+        return max(end, start + 1)
+
+    def _linger_lane(self, lane: Lane, at: float) -> None:
+        if lane.linger_at != at:
+            lane.linger_at = at
+            heapq.heappush(self._timers, (at, next(self._order), lane))
+            self.wake_changed = True
+
+    def _send_batch(
+        self,
+        members: list[Publish],
+        lane: Lane | None,
+        route: Route,
+        link: Any,
+        youzan: bool,
+        steps: Steps,
+    ) -> bool:
+        """``members`` (plain or auto-traced PUBs, in order) go as one MPUB on ``link``
+        (False, nothing changed: what the server cannot take as one; they go alone)."""
+        first = members[0].request
+        traced = first.command == "PUB_TRACE"
+        request = batch_request(
+            first.topic,
+            [m.request.bodies[0] for m in members],
+            trace_ids=[m.request.trace_ids[0] for m in members] if traced else None,  # type: ignore[index]
+            auto_trace=traced,
+        )
+        stamp = seqs = None
+        if self.producer_id is not None and lane is not None and members[0].seq:
+            stamp = Stamp(self.producer_id, members[0].seq, lane.queue[0].seq)
+            seqs = [m.seq for m in members]
+        try:
+            command, data, trace_ids = self._codec.prepare(
+                request, route, youzan, None, stamp, seqs
+            )
+        except (UnsupportedFeatureError, ValidationError, ServerError):
+            return False
+        batch = Batch(members, request, lane, route, link)
+        batch.command = command
+        batch.data = data
+        batch.trace_ids = trace_ids
+        stats = self.stats
+        soon = self._now + self._request_timeout
+        for p in members:
+            if p.tries:
+                stats.retries += 1
+                if p.maybe_stored:
+                    stats.resent_in_doubt += 1
+            p.tries += 1
+            p.state = SENT
+            p.route = route
+            p.link = link
+            p.batch = batch
+            p.trace_ids = None
+            if p.deadline < soon:
+                self._watch(p)  # its link's own timeout would end it too late
+        if lane is not None:
+            lane.linger_at = 0.0
+        steps.send(batch)
+        return True
 
     def _send(
         self,
@@ -944,6 +1028,7 @@ class PublishFlow:
         p.link = link
         p.command = command
         p.data = data
+        p.batch = None
         if p.deadline - self._now < self._request_timeout:
             self._watch(p)  # its link's own timeout would end it too late
         return None
@@ -1081,6 +1166,37 @@ class PublishFlow:
         steps = Steps()
         self._wait_movable(p, now, steps, route)
         return steps
+
+    def _flush_pool(self, pool: Pool, now: float, steps: Steps) -> None:
+        """``pool`` leaves: one publish of its messages (an MPUB; one message: as it was
+        asked), unkeyed like each of them, ending by the earliest of their deadlines."""
+        if self._pools.get(pool.topic) is pool:
+            del self._pools[pool.topic]
+        pool.linger_at = -1.0  # its timer is stale
+        bodies = pool.bodies
+        if not bodies:
+            return
+        self._pooled -= len(bodies)
+        trace_ids = pool.trace_ids if pool.traced else None
+        if len(bodies) == 1:
+            request = single_request(pool.topic, bodies[0], trace_ids)
+            waiter = pool.waiters[0]
+        else:
+            request = batch_request(pool.topic, bodies, trace_ids=trace_ids, auto_trace=pool.traced)
+            waiter = Waiters(pool.waiters)
+        p = Publish(request, pool.deadline, waiter, None, now)
+        self._pending += 1
+        if self._closed is not None:
+            self._finish(p, self._closed, steps)
+            return
+        if p.deadline <= now:
+            self._watch(p)
+            self._expire(p, steps)
+            return
+        started = self._start_movable(p, now, None)
+        if p.data is not None and p.state == SENT:
+            steps.send(p)  # its own try, not a submit's: the driver's to write
+        steps.absorb(started)
 
     def _wait_movable(
         self, p: Publish, now: float, steps: Steps, route: Route | None = None
@@ -1223,9 +1339,9 @@ class PublishFlow:
             self._schedule(lane, exc, now, steps)
 
     def _stop_waiting_layout(self, lane: Lane) -> None:
-        if lane.stale is _NO_LAYOUT:
+        if lane.stale is NO_LAYOUT:
             return
-        lane.stale = _NO_LAYOUT
+        lane.stale = NO_LAYOUT
         waiters = self._layout_waiters.get(lane.topic)
         if waiters is not None:
             waiters.pop(lane, None)
@@ -1438,6 +1554,21 @@ class PublishFlow:
                     LogThrottle.note(held, self._throttle.interval),
                 ),
             )
+
+
+def _kind(request: PublishRequest) -> int:
+    """What an auto-batch of ``request`` would be (:data:`_ALONE`: none)."""
+    command = request.command
+    if command == "PUB":
+        return _PLAIN
+    if command == "PUB_TRACE" and request.auto_trace:
+        return _TRACED
+    return _ALONE
+
+
+def _size(request: PublishRequest, traced: bool) -> int:
+    """The bytes a single-message ``request`` takes in an MPUB."""
+    return PER_MESSAGE + len(request.bodies[0]) + (PER_TRACE_ID if traced else 0)
 
 
 def _partition(p: Publish) -> int | None:

@@ -26,6 +26,7 @@ __all__ = [
     "message_request",
     "new_trace_ids",
     "plain_request",
+    "single_request",
 ]
 
 # No sharding key was given (None cannot say so: it is refused as a key, not ignored).
@@ -76,6 +77,13 @@ def plain_request(
     return _tuple_new(
         PublishRequest, (topic, "PUB", [body], partition, key, None, None, None, False, None)
     )
+
+
+def single_request(topic: str, body: bytes, trace_ids: list[int] | None) -> PublishRequest:
+    """An unkeyed PUB, or with ``trace_ids`` (one) a PUB_TRACE the trace switch traced."""
+    if trace_ids is None:
+        return plain_request(topic, body)
+    return PublishRequest(topic, "PUB_TRACE", [body], trace_ids=trace_ids, auto_trace=True)
 
 
 def message_request(

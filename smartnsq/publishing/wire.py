@@ -10,7 +10,7 @@ immutable result each time.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any
 
 from smartnsq.errors import UnsupportedFeatureError, ValidationError
@@ -108,12 +108,14 @@ class PublishCodec:
         youzan: bool,
         span: Any = None,
         stamp: Stamp | None = None,
+        seqs: Sequence[int] | None = None,
     ) -> tuple[str, bytes, list[int] | None]:
         """One try of ``request`` on ``route`` (``youzan``: its server is a youzan nsqd): the
         command, its bytes and the trace ids they carry (see :meth:`fit`). On ext topics, a
         recording ``span`` travels in the ext header (W3C traceparent): the message goes as
         PUB_EXT; so does a ``stamp`` (:mod:`smartnsq.publishing.stamps`; the first message's,
-        an MPUB's others take the numbers after it), unless it would make a message too big."""
+        an MPUB's others take ``seqs``, or the numbers after it), unless it would make a
+        message too big."""
         if (
             stamp is None
             and request.command == "PUB"
@@ -124,7 +126,7 @@ class PublishCodec:
             return "PUB", self._pub(request.topic, route.partition, request.bodies[0]), None
         command, trace_ids = self.fit(request, route, youzan)
         if stamp is not None and youzan and route.ext_topic:
-            stamped = self._stamped(request, route, command, trace_ids, span, stamp)
+            stamped = self._stamped(request, route, command, trace_ids, span, stamp, seqs)
             if stamped is not None:
                 return stamped
         header = self._span_header(request, route, command, trace_ids, span)
@@ -173,6 +175,7 @@ class PublishCodec:
         trace_ids: list[int] | None,
         span: Any,
         stamp: Stamp,
+        seqs: Sequence[int] | None = None,
     ) -> tuple[str, bytes, list[int] | None] | None:
         """The try with its stamp in the ext header of each message: PUB_EXT for a single
         message (a trace id goes in the header: nsqd answers with the receipt), MPUB_EXT for
@@ -197,7 +200,11 @@ class PublishCodec:
         if command not in ("MPUB", "MPUB_EXT"):
             return None
         exts = request.exts if request.exts is not None else [None] * len(bodies)
-        raws = [stamped_header(ext, producer, seq + i, floor) for i, ext in enumerate(exts)]
+        numbers = seqs if seqs is not None else range(seq, seq + len(bodies))
+        raws = [
+            stamped_header(ext, producer, number, floor)
+            for ext, number in zip(exts, numbers, strict=True)
+        ]
         limit = self.max_msg_size - 2
         if any(len(r) + len(b) > limit for r, b in zip(raws, bodies, strict=True)):
             return None

@@ -5,6 +5,7 @@ before anything is sent."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 from collections.abc import AsyncIterator
 
@@ -155,3 +156,19 @@ def test_sync_facade_forwards_sharding_keys() -> None:
             results = producer.publish_many("orders", [b"a", b"b", b"c"], sharding_keys=[1, 2, 1])
     sharder = Sharder("java")
     assert [r.partition for r in results] == [sharder.partition_for(k, 2) for k in (1, 2, 1)]
+
+
+async def test_keyed_batches_join_their_lanes_when_called(cluster: Cluster) -> None:
+    """publish_many's batches take their places in their partitions' lanes when it is
+    called: a publish of the same key called after it is stored after them (before, its
+    batches left from tasks of their own, after publishes called later)."""
+    async with Producer(lookupd=[cluster.lookupd_url]) as producer:
+        await producer.publish("orders", b"warm", sharding_key="k")  # the layout is known
+        first = asyncio.ensure_future(
+            producer.publish_many("orders", [b"1", b"2", b"x"], sharding_keys=["k", "k", "y"])
+        )
+        second = asyncio.ensure_future(producer.publish("orders", b"3", sharding_key="k"))
+        await asyncio.gather(first, second)
+        partition = second.result().partition
+    stored = [r.body for r in cluster.messages("orders", partition) if r.body in (b"1", b"2", b"3")]
+    assert stored == [b"1", b"2", b"3"]

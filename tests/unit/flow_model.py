@@ -5,6 +5,7 @@ out the flow's steps, with no socket, loop or clock (the test moves the time).""
 from __future__ import annotations
 
 import json
+import re
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ from typing import Any
 from smartnsq.errors import ConnectionClosedError, NotLeaderError, NSQError, PubFailedError
 from smartnsq.protocol.lookupd import Node, TopicLayout, TopicMeta
 from smartnsq.protocol.responses import OK
-from smartnsq.publishing.flow import Publish, PublishFlow, Steps
+from smartnsq.publishing.flow import Batch, Publish, PublishFlow, Steps
 from smartnsq.publishing.request import NO_KEY, PublishRequest, plain_request
 from smartnsq.publishing.routes import Router
 from smartnsq.publishing.stamps import Stamp, parse_stamp
@@ -56,8 +57,8 @@ class Link:
 
     key: tuple[str, str, int | None]
     number: int
-    requests: deque[tuple[Publish, bytes]] = field(default_factory=deque)
-    answers: deque[tuple[Publish, bytes | NSQError]] = field(default_factory=deque)
+    requests: deque[tuple[Publish | Batch, bytes]] = field(default_factory=deque)
+    answers: deque[tuple[Publish | Batch, bytes | NSQError]] = field(default_factory=deque)
     alive: bool = True
 
     @property
@@ -66,6 +67,26 @@ class Link:
 
     def __repr__(self) -> str:
         return f"<Link {self.number} {self.address} p{self.key[2]}>"
+
+
+class Waiter:
+    """A pooled publish's waiter, as the driver's future is: done once set."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.results: list[Any] | None = None
+        self.error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self.results is not None or self.error is not None
+
+    def set_result(self, results: list[Any]) -> None:
+        assert not self.done(), "answered twice"
+        self.results = results
+
+    def set_exception(self, error: BaseException) -> None:
+        assert not self.done(), "answered twice"
+        self.error = error
 
 
 @dataclass
@@ -90,6 +111,8 @@ class World:
         lane_depth: int = 256,
         per_turn: int = 256,
         sharder: Callable[[Any, int], int] | None = None,
+        linger: float | None = None,
+        max_batch: int = 100,
     ) -> None:
         self.now = 0.0
         self.leaders: dict[int, str | None] = {p: "abc"[p % 3] for p in range(partitions)}
@@ -110,20 +133,25 @@ class World:
             producer_id="p1",
             lane_depth=lane_depth,
             per_turn=per_turn,
+            linger=linger,
+            max_batch=max_batch,
         )
         self.links: list[Link] = []
         self.connecting: list[tuple[str, str, int | None]] = []
         self.lookups: list[str] = []
         self.stored: list[Stored] = []
-        self.sent: list[tuple[Publish, Link]] = []
+        self.sent: list[tuple[Publish | Batch, Link]] = []
+        self.batches: list[Batch] = []  # every batch written
         self.unanswered: dict[int, list[Link]] = {}  # per publish: its tries never answered
         self.zombies: set[int] = set()  # publishes seen in flight past their deadline
         # (a, b): nsqd refused a and stored b right after it on one link, and the client
         # never read the refusal (the link died first): an order nsqd itself broke, which
         # no client can tell from a lost try
         self.inversions: set[tuple[int, int]] = set()
+        self.refused_unread: dict[Link, list[Publish]] = {}  # per dead link
         self.done: list[Publish] = []
         self.calls: list[Publish] = []
+        self.pooled: list[Waiter] = []
         self.more = False
         self.notes: list[tuple[int, str, tuple[Any, ...]]] = []
 
@@ -138,12 +166,14 @@ class World:
         self.connecting.extend(key for key in steps.connect if key not in self.connecting)
         self.lookups.extend(steps.lookup)
         self.done.extend(steps.done)
+        for p in steps.done:
+            _complete(p)
         self.notes.extend(steps.notes)
         self.more = self.more or steps.more
         return steps
 
-    def write(self, p: Publish) -> None:
-        """The driver writes ``p``'s try on its link."""
+    def write(self, p: Publish | Batch) -> None:
+        """The driver writes ``p``'s try (or a batch of tries) on its link."""
         link, data = p.link, p.data
         p.data = None
         if not link.alive:  # pragma: no cover - the flow never picks a dead link
@@ -151,7 +181,10 @@ class World:
         assert data is not None
         link.requests.append((p, data))
         self.sent.append((p, link))
-        self.unanswered.setdefault(id(p), []).append(link)
+        if isinstance(p, Batch):
+            self.batches.append(p)
+        for member in _members(p):
+            self.unanswered.setdefault(id(member), []).append(link)
 
     def publish(
         self, key: Any = NO_KEY, *, timeout: float = 5.0, body: bytes = b"x", partition=None
@@ -161,6 +194,13 @@ class World:
         self.calls.append(p)
         self.act(steps, own=p)
         return p
+
+    def pool(self, *, timeout: float = 5.0, body: bytes = b"x") -> Waiter:
+        """An unkeyed plain publish that waits for company (auto-batching)."""
+        waiter = Waiter(self.now + timeout)
+        self.act(self.flow.pool(TOPIC, body, None, self.now, waiter.deadline, waiter))
+        self.pooled.append(waiter)
+        return waiter
 
     def submit(self, request: PublishRequest, timeout: float = 5.0) -> Publish:
         p, steps = self.flow.submit(request, self.now, self.now + timeout, waiter=object())
@@ -228,7 +268,7 @@ class World:
             done += 1
         return done
 
-    def _handle(self, link: Link, p: Publish, data: bytes, fail: bool) -> bytes | NSQError:
+    def _handle(self, link: Link, p: Publish | Batch, data: bytes, fail: bool) -> bytes | NSQError:
         partition = link.key[2]
         assert partition is not None
         if self.leaders.get(partition) is None or node(self.leaders[partition]).tcp_address != (
@@ -237,6 +277,12 @@ class World:
             return NotLeaderError("E_FAILED_ON_NOT_LEADER ", fatal=False)
         if not self.writable[partition] or fail:
             return PubFailedError("E_PUB_FAILED write failed", fatal=False)
+        if isinstance(p, Batch):  # stored whole, in order
+            stamps = _batch_stamps(data, len(p.members))
+            self.stored.extend(
+                Stored(m, stamp, partition) for m, stamp in zip(p.members, stamps, strict=True)
+            )
+            return OK
         self.stored.append(Stored(p, _stamp_of(data), partition))
         return OK
 
@@ -246,13 +292,15 @@ class World:
             if not link.answers or not link.alive:
                 return
             p, outcome = link.answers.popleft()
-            self.unanswered[id(p)].remove(link)
+            for member in _members(p):
+                self.unanswered[id(member)].remove(link)
             if isinstance(outcome, NSQError):
                 self.act(self.flow.refused(p, outcome, self.now))
             else:
                 steps = self.flow.answered(p, outcome, self.now)
-                if p.results is not None:
+                if isinstance(p, Publish) and p.results is not None:
                     self.done.append(p)  # the driver answers the publish answered
+                    _complete(p)
                 self.act(steps)
 
     def roundtrip(self, link: Link | None = None) -> None:
@@ -272,17 +320,22 @@ class World:
                 return
         raise AssertionError("the flow never settled")  # pragma: no cover
 
-    def kill(self, link: Link, *, processed: int = 0) -> list[tuple[Publish, bytes]]:
+    def kill(self, link: Link, *, processed: int = 0) -> list[tuple[Publish | Batch, bytes]]:
         """``link`` dies: nsqd had read ``processed`` more of its tries (stored or refused,
         never answered); the client loses every try in flight on it, in order. Returns the
         tries still held (a proxy may deliver them later: :meth:`late`)."""
         self.process(link, processed)
         unread = list(link.answers)
+        self.refused_unread[link] = [
+            m for a, outcome in unread if isinstance(outcome, NSQError) for m in _members(a)
+        ]
         for index, (a, outcome) in enumerate(unread):
             if isinstance(outcome, NSQError):
                 for b, later in unread[index + 1 :]:
                     if not isinstance(later, NSQError):
-                        self.inversions.add((id(a), id(b)))
+                        self.inversions.update(
+                            (id(x), id(y)) for x in _members(a) for y in _members(b)
+                        )
         link.answers.clear()
         held = list(link.requests)
         link.requests.clear()
@@ -293,18 +346,28 @@ class World:
             self.act(self.flow.lost(p, error, self.now))
         return held
 
-    def in_flight(self, link: Link) -> list[tuple[Publish, Link]]:
+    def in_flight(self, link: Link) -> list[tuple[Publish | Batch, Link]]:
         """The tries the flow still has in flight on ``link`` (in the order sent)."""
         return [
             (p, each)
             for p, each in self.sent
-            if each is link and p.link is link and p.state in (1, 4)  # SENT, ZOMBIE
+            if each is link
+            and any(
+                m.link is link
+                and m.state in (1, 4)  # SENT, ZOMBIE
+                and (m.batch is p if isinstance(p, Batch) else m.batch is None)
+                for m in _members(p)
+            )
         ]
 
-    def late(self, link: Link, held: list[tuple[Publish, bytes]]) -> None:
+    def late(self, link: Link, held: list[tuple[Publish | Batch, bytes]]) -> None:
         """What a dead link held reaches nsqd after all (a proxy that delivered it late)."""
         for p, data in held:
-            self._handle(link, p, data, False)
+            if not isinstance(self._handle(link, p, data, False), NSQError):
+                # stored after what nsqd refused on that link, unknown to the client
+                self.inversions.update(
+                    (id(a), id(b)) for a in self.refused_unread.get(link, ()) for b in _members(p)
+                )
 
     def move(self, partition: int, leader: str | None) -> None:
         """The partition's leader changes (None: no writable leader for now); nsqlookupd
@@ -323,6 +386,33 @@ class World:
 
 def _modulo(key: Any, partition_num: int) -> int:
     return int(key) % partition_num
+
+
+def _complete(p: Publish) -> None:
+    """What the driver does for a publish over: answer its waiter (the model's own)."""
+    waiter = p.waiter
+    if not hasattr(waiter, "set_result") or waiter.done():
+        return
+    if p.results is not None:
+        waiter.set_result(p.results)
+    elif p.error is not None:
+        waiter.set_exception(p.error)
+
+
+def _members(p: Publish | Batch) -> list[Publish]:
+    return p.members if isinstance(p, Batch) else [p]
+
+
+_STAMPED = re.compile(rb'\{[^{}]*"smartnsq\.seq":"[^"]*"[^{}]*\}')
+
+
+def _batch_stamps(data: bytes, count: int) -> list[Stamp | None]:
+    """The stamps in an MPUB_EXT's headers, in order (None for each of a plain MPUB)."""
+    if not data.startswith(b"MPUB_EXT"):
+        return [None] * count
+    stamps = [parse_stamp(header) for header in _STAMPED.findall(data)]
+    assert len(stamps) == count
+    return stamps
 
 
 def _stamp_of(data: bytes) -> Stamp | None:

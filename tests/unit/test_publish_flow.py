@@ -21,7 +21,7 @@ from smartnsq.errors import (
     ValidationError,
 )
 from smartnsq.flow.replays import ReplayFilter
-from smartnsq.publishing.flow import DONE, QUEUED, ZOMBIE
+from smartnsq.publishing.flow import DONE, QUEUED, ZOMBIE, Batch
 from smartnsq.publishing.request import NO_KEY, PublishRequest, message_request
 from tests.unit.flow_model import TOPIC, Link, World
 
@@ -368,10 +368,24 @@ class Schedules(RuleBasedStateMachine):
     have been stored."""
 
     @initialize(
-        ext=st.booleans(), depth=st.sampled_from([1, 3, 256]), retries=st.sampled_from([None, 3])
+        ext=st.booleans(),
+        depth=st.sampled_from([1, 3, 256]),
+        retries=st.sampled_from([None, 3]),
+        linger=st.sampled_from([None, None, 0.05, 0.3]),
+        max_batch=st.sampled_from([2, 3, 100]),
     )
-    def start(self, ext: bool, depth: int, retries: int | None) -> None:
-        self.world = World(3, ext=ext, lane_depth=depth, max_retries=retries, per_turn=5)
+    def start(
+        self, ext: bool, depth: int, retries: int | None, linger: float | None, max_batch: int
+    ) -> None:
+        self.world = World(
+            3,
+            ext=ext,
+            lane_depth=depth,
+            max_retries=retries,
+            per_turn=5,
+            linger=linger,
+            max_batch=max_batch,
+        )
         self.held: list[tuple[Link, list[Any]]] = []
 
     @rule(key=KEYS, timeout=st.sampled_from([0.3, 1.0, 5.0]))
@@ -381,6 +395,19 @@ class Schedules(RuleBasedStateMachine):
     @rule(timeout=st.sampled_from([0.3, 5.0]))
     def publish_unkeyed(self, timeout: float) -> None:
         self.world.publish(timeout=timeout)
+
+    @precondition(lambda self: self.world.flow._linger is not None)
+    @rule(timeout=st.sampled_from([0.03, 1.0, 5.0]), count=st.integers(1, 4))
+    def pool(self, timeout: float, count: int) -> None:
+        """Unkeyed plain publishes that wait for company (auto-batching)."""
+        for _ in range(count):
+            self.world.pool(timeout=timeout)
+
+    @rule(keys=st.lists(st.one_of(KEYS, st.none()), min_size=2, max_size=6))
+    def burst(self, keys: list[int | None]) -> None:
+        """Publishes called together (what auto-batching joins); None: unkeyed."""
+        for key in keys:
+            self.world.publish(NO_KEY if key is None else key)
 
     @precondition(lambda self: self.world.connecting)
     @rule(ok=st.booleans(), data=st.data())
@@ -444,14 +471,18 @@ class Schedules(RuleBasedStateMachine):
             if p.deadline <= world.now:
                 assert p.state in (DONE, ZOMBIE), p
                 assert (p.results is None) != (p.error is None), p
+        for waiter in world.pooled:
+            if waiter.deadline <= world.now:
+                assert waiter.done(), "a pooled publish outlived its deadline"
 
     @invariant()
     def a_keyed_publish_goes_to_its_partition_only(self) -> None:
         world = self.world
-        for p, link in world.sent:
-            key = p.request.key
-            if key is not NO_KEY:
-                assert link.key[2] == world.partition_of(key)
+        for sent, link in world.sent:
+            for p in sent.members if isinstance(sent, Batch) else [sent]:
+                key = p.request.key
+                if key is not NO_KEY:
+                    assert link.key[2] == world.partition_of(key)
 
     def teardown(self) -> None:
         world = getattr(self, "world", None)
@@ -466,6 +497,7 @@ class Schedules(RuleBasedStateMachine):
             world.roundtrip()
             world.advance(1.0)
         assert world.flow.pending == 0
+        assert all(waiter.done() for waiter in world.pooled)
         acknowledged = {id(p) for p in world.calls if p.results is not None}
         for partition in range(world.partitions):
             if world.ext:
