@@ -104,18 +104,26 @@ class ValidationError(NSQError, ValueError):
 
 
 class ProtocolError(NSQError):
-    """The peer sent bytes that do not follow the NSQ protocol (corrupt frame, bad size...)."""
+    """The peer sent bytes that do not follow the NSQ protocol (corrupt frame, bad size...).
+    Retriable: the connection it came on is closed, and a new one may be sound (a stream a
+    proxy or a middlebox broke); what it carried is tried again like a lost connection's."""
+
+    retriable = True
 
 
 class NotNsqdError(ProtocolError):
     """An address given as an nsqd TCP port answers HTTP (nsqd's HTTP port, another web
     service): a configuration mistake that retrying cannot fix."""
 
+    retriable = False
+
 
 class NotHttpError(ProtocolError):
     """An address given as an HTTP address (nsqlookupd's, or nsqd's HTTP API) is an nsqd TCP
     port: it answered the request with nsqd's ``E_BAD_PROTOCOL`` frame. A configuration
     mistake that retrying cannot fix (the reverse of :class:`NotNsqdError`)."""
+
+    retriable = False
 
 
 class ConnectionClosedError(NSQError, ConnectionError):

@@ -320,7 +320,9 @@ class World:
                 return
         raise AssertionError("the flow never settled")  # pragma: no cover
 
-    def kill(self, link: Link, *, processed: int = 0) -> list[tuple[Publish | Batch, bytes]]:
+    def kill(
+        self, link: Link, *, processed: int = 0, error: NSQError | None = None
+    ) -> list[tuple[Publish | Batch, bytes]]:
         """``link`` dies: nsqd had read ``processed`` more of its tries (stored or refused,
         never answered); the client loses every try in flight on it, in order. Returns the
         tries still held (a proxy may deliver them later: :meth:`late`)."""
@@ -341,7 +343,7 @@ class World:
         link.requests.clear()
         link.alive = False
         self.flow.link_down(link)
-        error = ConnectionClosedError("connection lost", link.address)
+        error = error or ConnectionClosedError("connection lost", link.address)
         for p, _ in [*self.in_flight(link)]:
             self.act(self.flow.lost(p, error, self.now))
         return held

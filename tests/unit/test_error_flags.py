@@ -15,7 +15,7 @@ from smartnsq.protocol.errors import ERROR_CLASSES
 CLIENT_ERRORS: dict[type[e.NSQError], tuple[bool, bool]] = {
     e.NSQError: (False, False),
     e.ValidationError: (False, False),
-    e.ProtocolError: (False, False),
+    e.ProtocolError: (True, False),  # a broken stream: a new connection may be sound
     e.NotNsqdError: (False, False),
     e.NotHttpError: (False, False),
     e.ConnectionClosedError: (True, True),

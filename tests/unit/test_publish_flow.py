@@ -16,6 +16,7 @@ from smartnsq.errors import (
     BadMessageError,
     ConnectionClosedError,
     NSQTimeoutError,
+    ProtocolError,
     PublishError,
     UnsupportedFeatureError,
     ValidationError,
@@ -96,6 +97,22 @@ def test_a_lost_link_sends_everything_again_in_order_one_at_a_time_first() -> No
     assert [p.results[0].tries for p in (a, b, c, d)] == [2, 2, 2, 1]  # type: ignore[index]
     handled = _handled(world, 0)
     assert handled == [a, b, c, d]  # the stamps drop the copy
+
+
+def test_a_stream_that_broke_the_protocol_is_a_lost_link() -> None:
+    # a proxy or middlebox that corrupts a frame: the connection is closed and its tries are
+    # sent again in order on a new one, not raised to the callers
+    world = World()
+    a = world.publish(0)
+    link = _only_link(world)
+    b = world.publish(2)
+    world.kill(link, error=ProtocolError("frame size 4294967295 is too large"))
+    assert [p.state for p in (a, b)] == [QUEUED] * 2
+    world.advance(0.1)
+    world.connect_all()
+    world.roundtrip()
+    assert [s.publish for s in world.stored_in(0)] == [a, b]
+    assert all(p.results is not None for p in (a, b))
 
 
 def test_refused_all_the_way_sends_again_in_order() -> None:
