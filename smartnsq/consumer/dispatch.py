@@ -384,7 +384,7 @@ class Dispatcher:
             self.failed(message)
         if self.ordered:
             turn = ledger.handler_done(message)
-            if turn.run:  # the partition's next delivery waited for this one
+            if turn.run or turn.send:  # the partition's next delivery waited for this one
                 self._apply(turn)
 
     def failed(self, message: Message) -> None:

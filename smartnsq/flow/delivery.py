@@ -279,6 +279,13 @@ class DeliveryLedger(Generic[L]):
         self.accepting = True  # False once closing: what arrives goes back to nsqd
         self.lanes: dict[L, None] = {}  # lanes not lost, in the order they came
         self._sequence = PartitionSequence()
+        # ordered, per partition: the lane whose delivery has the turn (its handler runs),
+        # and the lanes whose deliveries wait for it. A partition's leader moves while a
+        # handler runs on the old leader's lane: the new lane's deliveries wait for it to
+        # end, so that they are handled after it, and a copy of it is known for one only
+        # once it succeeded (a copy of a message whose handler failed must run).
+        self._turns: dict[int, L] = {}
+        self._waiting: dict[int, deque[L]] = {}
         #: Ordered: the producers' sequence stamps taken, per partition (restored from a
         #: snapshot by a consumer that keeps it across restarts).
         self.replays = replays if replays is not None else ReplayFilter()
@@ -456,21 +463,21 @@ class DeliveryLedger(Generic[L]):
                         decision = self._answered(ANSWER, delivery, command, "neutral", rdy)
                         decision.violation = violation
                         return decision
-        if delivery.ext_raw:
-            stamp = parse_stamp(delivery.ext_raw)
-            if stamp is not None:
-                if not self.replays.claim(partition, stamp):
-                    # A copy of a message taken already (or one its producer gave up on,
-                    # delivered late): FINed, never handed over twice.
-                    self.counts.stamped_replays += 1
-                    command = commands.fin(delivery.id)
-                    return self._answered(ANSWER, delivery, command, "neutral", rdy, tally=False)
-                delivery._stamp = stamp
-        if lane.current is not None:
+        holder = self._turns.get(partition) if partition is not None else None
+        if lane.current is not None or (holder is not None and holder is not lane):
+            # its stamp is looked at when its turn comes: the one running may fail
             lane.queue.append(delivery)
+            if lane.current is None:
+                self._wait_for_turn(partition, lane)
             verdict, shared = HOLD, _HOLD
+        elif self._stamped_replay(partition, delivery):
+            self.counts.stamped_replays += 1
+            command = commands.fin(delivery.id)
+            return self._answered(ANSWER, delivery, command, "neutral", rdy, tally=False)
         else:
             lane.current = delivery
+            if partition is not None:
+                self._turns[partition] = lane
             verdict, shared = RUN, RUN_NOW
         if not rdy and violation is None and moved_from is None:
             return shared
@@ -589,32 +596,98 @@ class DeliveryLedger(Generic[L]):
 
     def handler_done(self, delivery: Delivery) -> Decision[L]:
         """``delivery``'s handler is over, whatever it answered: on an ordered lane its turn
-        ends and the next delivery may run. Does nothing when called again, or while its
-        requeue delay runs."""
-        lane = delivery.lane
+        ends and the next delivery of its partition may run (on its lane, or on a lane that
+        waited for the turn). Does nothing when called again, or while its requeue delay
+        runs."""
+        lane: L = delivery.lane  # type: ignore[assignment]  # the lane it was received on
         if lane.current is not delivery or delivery.waiting:
             return _NOTHING
         lane.current = None
-        if lane.queue and self.accepting and not lane.closing and not lane.lost:
-            following = lane.queue.popleft()
-            lane.current = following
-            decision: Decision[L] = Decision()
-            decision.run = (following,)
-            return decision
-        return _NOTHING
+        partition = lane.partition
+        if partition is not None and self._turns.get(partition) is lane:
+            del self._turns[partition]
+        return self._next_turn(lane)
+
+    def _next_turn(self, lane: L) -> Decision[L]:
+        """The turn ``lane``'s partition has free: to the next delivery behind it on
+        ``lane``, else on the lanes that waited; stamped copies of what was handled are
+        FINed on the way."""
+        partition = lane.partition
+        waiting = self._waiting.get(partition) if partition is not None else None
+        decision: Decision[L] | None = None
+        send: list[tuple[L, bytes]] = []
+        rdy: list[tuple[L, int]] = []
+        closed: list[L] = []
+        candidate: L | None = lane
+        while candidate is not None:
+            queue = candidate.queue
+            while queue and self.accepting and not candidate.closing and not candidate.lost:
+                following = queue.popleft()
+                if self._stamped_replay(partition, following):
+                    self.counts.stamped_replays += 1
+                    answer = self._answer(following, commands.fin(following.id), tally=False)
+                    if answer is not None:
+                        send.append(answer)
+                    rdy.extend(self._rdy_on_done(candidate, "neutral"))
+                    if candidate.closing and candidate.in_flight == 0:
+                        closed.append(candidate)
+                    continue
+                candidate.current = following
+                if partition is not None:
+                    self._turns[partition] = candidate
+                decision = Decision()
+                decision.run = (following,)
+                break
+            if decision is not None or not waiting:
+                break
+            candidate = waiting.popleft()
+        if waiting is not None and not waiting:
+            del self._waiting[partition]  # type: ignore[arg-type]
+        if decision is None:
+            if not send and not rdy:
+                return _NOTHING
+            decision = Decision()
+        if send:
+            decision.send = tuple(send)
+        if rdy:
+            decision.rdy = rdy
+        if closed:
+            decision.closed = tuple(closed)
+        return decision
+
+    def _wait_for_turn(self, partition: int | None, lane: L) -> None:
+        if partition is None:
+            return
+        waiting = self._waiting.get(partition)
+        if waiting is None:
+            waiting = self._waiting[partition] = deque()
+        if lane not in waiting:
+            waiting.append(lane)
+
+    def _stamped_replay(self, partition: int | None, delivery: Delivery) -> bool:
+        """Whether ``delivery``'s producer stamp says it was taken already (a copy stored
+        twice, or one its producer gave up on, delivered late: FINed, never handed over
+        twice); a news stamp is claimed for it."""
+        if not delivery.ext_raw:
+            return False
+        stamp = parse_stamp(delivery.ext_raw)
+        if stamp is None:
+            return False
+        if not self.replays.claim(partition, stamp):
+            return True
+        delivery._stamp = stamp
+        return False
 
     def _with_turn_over(self, delivery: Delivery, answer: Answer[L]) -> Decision[L]:
         """``answer`` plus the end of ``delivery``'s ordered turn."""
-        following = self.handler_done(delivery).run
+        turn = self.handler_done(delivery)
         if isinstance(answer, bytes):
             decision: Decision[L] = Decision(NOTHING, ((delivery.lane, answer),))  # type: ignore[arg-type]
         elif answer is _NOTHING or answer is GIVE_UP_NOW:
             decision = Decision()
         else:
             decision = answer
-        if following:
-            decision.run = following
-        return decision
+        return _merged(decision, turn)
 
     def _answer(
         self, delivery: Delivery, command: bytes, tally: bool = True
@@ -694,7 +767,7 @@ class DeliveryLedger(Generic[L]):
         if lane.closing and lane.in_flight == 0:
             decision.closed = (lane,)
         if self._turn_ends_with_answer:
-            decision.run = self.handler_done(delivery).run
+            return _merged(decision, self.handler_done(delivery))
         return decision
 
     # ------------------------------------------------------------------ reading
@@ -714,3 +787,18 @@ class DeliveryLedger(Generic[L]):
             if lane.finished:
                 totals[lane.partition] = totals.get(lane.partition, 0) + lane.finished
         return totals
+
+
+def _merged(decision: Decision[L], turn: Decision[L]) -> Decision[L]:
+    """``decision`` (a fresh one) with what an ordered turn's end adds after it."""
+    if turn is _NOTHING:
+        return decision
+    if turn.send:
+        decision.send = (*decision.send, *turn.send)
+    if turn.rdy:
+        decision.rdy = [*decision.rdy, *turn.rdy]
+    if turn.closed:
+        decision.closed = (*decision.closed, *turn.closed)
+    if turn.run:
+        decision.run = turn.run
+    return decision

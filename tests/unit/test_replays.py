@@ -10,7 +10,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from smartnsq.errors import ValidationError
-from smartnsq.flow.delivery import ANSWER, RUN, Delivery, DeliveryLedger, DeliveryOptions, Lane
+from smartnsq.flow.delivery import (
+    ANSWER,
+    HOLD,
+    RUN,
+    Delivery,
+    DeliveryLedger,
+    DeliveryOptions,
+    Lane,
+)
 from smartnsq.flow.rdy import RdyController
 from smartnsq.flow.replays import ReplayFilter
 from smartnsq.protocol import commands
@@ -194,11 +202,71 @@ def test_an_ordered_ledger_fins_a_stamped_copy_unhandled() -> None:
     assert ledger.receive(lane, following).verdict == RUN
 
 
-def test_a_copy_behind_its_first_in_the_queue_is_dropped_too() -> None:
+def test_a_copy_behind_its_first_is_fined_at_its_turn_once_the_first_succeeded() -> None:
     ledger, lane = _ordered()
     first, copy = _stamped(0, 1), _stamped(1, 1)
     assert ledger.receive(lane, first).verdict == RUN
-    assert ledger.receive(lane, copy).verdict == ANSWER  # claimed, not yet handled
+    assert ledger.receive(lane, copy).verdict == HOLD  # the first's handler may still fail
+    ledger.finish(first)
+    turn = ledger.handler_done(first)
+    assert turn.run == ()
+    assert turn.send == ((lane, commands.fin(copy.id)),)
+    assert ledger.counts.stamped_replays == 1
+
+
+def test_a_copy_behind_a_first_that_failed_runs() -> None:
+    ledger, lane = _ordered()
+    first, copy = _stamped(0, 1), _stamped(1, 1)
+    ledger.receive(lane, first)
+    ledger.receive(lane, copy)
+    ledger.requeue(first, 0)  # the handler failed: REQ 0
+    assert ledger.handler_done(first).run == (copy,)
+    assert ledger.counts.stamped_replays == 0
+
+
+def _moved(ledger: DeliveryLedger[Lane]) -> Lane:
+    """The partition's leader moved: a lane to the new leader, beside the old one."""
+    new = Lane(0)
+    ledger.add_lane(new, 2500)
+    return new
+
+
+def test_a_new_leaders_deliveries_wait_for_the_old_leaders_handler() -> None:
+    ledger, old = _ordered()
+    running = _stamped(0, 1)
+    assert ledger.receive(old, running).verdict == RUN
+    new = _moved(ledger)
+    following = _stamped(1, 2)
+    assert ledger.receive(new, following).verdict == HOLD  # not before the handler is over
+    ledger.finish(running)
+    assert ledger.handler_done(running).run == (following,)
+    assert ledger.receive(new, _stamped(2, 3)).verdict == HOLD  # behind it, on its lane
+
+
+def test_a_new_leaders_copy_of_a_message_whose_handler_fails_on_the_old_one_runs() -> None:
+    ledger, old = _ordered()
+    running = _stamped(0, 1)
+    ledger.receive(old, running)
+    new = _moved(ledger)
+    copy = _stamped(0, 1)  # the new leader resumes from before it
+    assert ledger.receive(new, copy).verdict == HOLD
+    ledger.lose(old)  # the old leader's connection goes; the handler goes on
+    ledger.requeue(running, 0)  # and fails: its REQ cannot reach nsqd
+    assert ledger.handler_done(running).run == (copy,)  # not FINed unhandled: not lost
+
+
+def test_a_new_leaders_copy_of_a_message_handled_on_the_old_one_is_fined() -> None:
+    ledger, old = _ordered()
+    running = _stamped(0, 1)
+    ledger.receive(old, running)
+    new = _moved(ledger)
+    copy, following = _stamped(0, 1), _stamped(1, 2)
+    ledger.receive(new, copy)
+    ledger.receive(new, following)
+    ledger.finish(running)
+    turn = ledger.handler_done(running)
+    assert turn.send == ((new, commands.fin(copy.id)),)
+    assert turn.run == (following,)
 
 
 def test_a_failed_stamped_message_is_handled_again_when_it_comes_back() -> None:
