@@ -57,6 +57,21 @@ it) through :meth:`~smartnsq.testing.Cluster.call_from_thread`::
 
 The fault proxies' fixtures need an ``async def`` test (their proxies run on its loop).
 
+Deterministic simulation (:mod:`smartnsq.testing.sim`): ``nsq_sim`` is a
+:class:`~smartnsq.testing.sim.harness.Simulation` for a plain ``def`` test, which runs its
+own coroutine in it (``nsq_sim.run(main)``) on virtual time; its seed comes from
+``--sim-seed N``, else the ``nsq_sim(seed=N)`` marker, else the test's id. A failing test
+says its seed and the command that replays it::
+
+    def test_my_handler_under_faults(nsq_sim):
+        async def main(sim):
+            async with Cluster(nodes=4) as cluster:
+                ...
+        nsq_sim.run(main)
+
+``--sim-runs N`` is for tests that run many seeds (read it with
+``request.config.getoption("sim_runs")``).
+
 This module is imported by every pytest run where smartnsq is installed, so it imports
 nothing but pytest; the fixture's module is loaded at configure time, the cluster when a
 test asks for it.
@@ -75,11 +90,13 @@ if TYPE_CHECKING:
     from smartnsq.testing.cluster import Cluster
     from smartnsq.testing.containers import ContainerCluster
     from smartnsq.testing.faults import ClusterProxies
+    from smartnsq.testing.sim.harness import Simulation
 
 __all__ = [
     "DOCKER_MARKER",
     "MARKER",
     "PROXIES_MARKER",
+    "SIM_MARKER",
     "async_test_only",
     "cluster_from_marker",
     "cluster_in_a_thread",
@@ -91,9 +108,28 @@ __all__ = [
 MARKER = "nsq_cluster"
 DOCKER_MARKER = "nsq_docker"
 PROXIES_MARKER = "nsq_fault_proxies"
+SIM_MARKER = "nsq_sim"
+_SIM_SEED = pytest.StashKey[int]()
 _FIXTURES = "smartnsq.testing._pytest_fixtures"
 # Seconds a plain def test's cluster may take to start or stop on its loop thread.
 _THREAD_TIMEOUT = 30.0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("smartnsq")
+    group.addoption(
+        "--sim-seed",
+        type=int,
+        default=None,
+        help="run this simulation seed (the nsq_sim fixture's, and smartnsq's own "
+        "simulation tests: that seed only), to replay a failure",
+    )
+    group.addoption(
+        "--sim-runs",
+        type=int,
+        default=None,
+        help="how many seeds a test that runs many simulations runs",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -112,7 +148,13 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{DOCKER_MARKER}(kind='embedded', **options): configure the nsq_docker_cluster fixture "
         "(embedded, youzan or classic; options of smartnsq.testing.containers' classes)",
     )
+    config.addinivalue_line(
+        "markers",
+        f"{SIM_MARKER}(seed=None, latency=0.0002): configure the nsq_sim fixture "
+        "(smartnsq.testing.sim.Simulation arguments; --sim-seed wins over the seed)",
+    )
     config.pluginmanager.register(_DockerFixtures(), "smartnsq-nsq-docker")
+    config.pluginmanager.register(_SimFixtures(), "smartnsq-nsq-sim")
     if _asyncio_plugin_active(config):
         config.pluginmanager.import_plugin(_FIXTURES)
     else:
@@ -274,3 +316,50 @@ def docker_cluster_from_marker(request: pytest.FixtureRequest) -> ContainerClust
         return cls(**kwargs)
     except (TypeError, ValidationError) as exc:
         pytest.fail(f"@pytest.mark.{DOCKER_MARKER}: {exc}", pytrace=False)
+
+
+class _SimFixtures:
+    """The ``nsq_sim`` fixture, and the seed a failing test reports."""
+
+    @pytest.fixture
+    def nsq_sim(self, request: pytest.FixtureRequest) -> Simulation:
+        """A :class:`Simulation` seeded by ``--sim-seed``, the ``nsq_sim`` marker or the
+        test's id (the same test, the same seed, run after run)."""
+        import zlib
+
+        from smartnsq.testing.sim.harness import Simulation
+
+        if is_async_test(request):
+            pytest.fail(
+                "the nsq_sim fixture runs its own event loop: use it in a plain def test",
+                pytrace=False,
+            )
+        marker = request.node.get_closest_marker(SIM_MARKER)
+        kwargs: dict[str, Any] = dict(marker.kwargs) if marker is not None else {}
+        seed = request.config.getoption("sim_seed")
+        if seed is None:
+            seed = kwargs.get("seed")
+        if seed is None:
+            seed = zlib.crc32(request.node.nodeid.encode())
+        kwargs.pop("seed", None)
+        try:
+            inspect.signature(Simulation).bind(seed, **kwargs)
+        except TypeError as exc:
+            pytest.fail(f"@pytest.mark.{SIM_MARKER}: {exc}", pytrace=False)
+        request.node.stash[_SIM_SEED] = seed
+        return Simulation(seed, **kwargs)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Iterator[None]:
+        outcome = yield
+        report = outcome.get_result()  # type: ignore[attr-defined]
+        seed = item.stash.get(_SIM_SEED, None)
+        if seed is not None and report.failed:
+            report.sections.append(
+                (
+                    "simulation",
+                    f"seed {seed}; replay: pytest '{item.nodeid}' --sim-seed {seed}",
+                )
+            )

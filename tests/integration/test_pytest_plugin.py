@@ -126,6 +126,44 @@ def test_bad_marker_arguments_fail_the_test_with_one_line(pytester: pytest.Pytes
     )
 
 
+def test_a_failing_simulation_says_its_seed_and_the_command_that_replays_it(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeini(AUTO)
+    pytester.makepyfile(
+        test_sim="""
+        import asyncio
+        import random
+
+        import pytest
+
+        async def draw(sim):
+            await asyncio.sleep(10)
+            return random.random()
+
+        @pytest.mark.nsq_sim(seed=41)
+        def test_fails(nsq_sim):
+            assert nsq_sim.run(draw) < 0
+
+        def test_from_the_id(nsq_sim):
+            assert nsq_sim.seed > 0
+
+        async def test_async(nsq_sim):
+            pass
+        """
+    )
+    result = _run(pytester)
+    result.assert_outcomes(passed=1, failed=1, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*nsq_sim fixture runs its own event loop: use it in a plain def test*",
+            "*seed 41; replay: pytest 'test_sim.py::test_fails' --sim-seed 41*",
+        ]
+    )
+    replayed = _run(pytester, "--sim-seed", "5", "-k", "test_fails")
+    replayed.stdout.fnmatch_lines(["*seed 5; replay:*--sim-seed 5*"])
+
+
 USES_THE_PROXIES = """
 import asyncio
 
