@@ -716,7 +716,8 @@ class PublishFlow:
             else:
                 steps.retry(head, error, _partition(head))
             lane.recovering = True
-            self._schedule(lane, error, now, steps)
+            if lane.queue:  # the wait spaces tries: none is left after a give-up
+                self._schedule(lane, error, now, steps)
         return steps
 
     def link_down(self, link: Any) -> None:

@@ -256,3 +256,17 @@ def test_max_retries_and_a_stop_both_bound_a_publish() -> None:
         world.advance(0.1)
     assert isinstance(p.error, PublishError)
     assert "max_retries=1" in str(p.error)
+
+
+def test_the_wait_is_asked_between_tries_only() -> None:
+    """Not after the try the stop ended: nothing is left to space (a connection refused
+    was the last to ask it anyway)."""
+    wait = Recording(tenacity.wait_fixed(0.1))
+    world = World(delays=_wait(wait), stop=check_stop("retry_stop", tenacity.stop_after_attempt(2)))
+    p = world.publish(0, timeout=60.0)
+    world.connect(ok=False)
+    world.advance(0.1)
+    world.connect(ok=False)
+    assert isinstance(p.error, PublishError)
+    assert p.error.tries == 2
+    assert [attempt for attempt, _, _ in wait.states] == [1]
