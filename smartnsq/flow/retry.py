@@ -214,6 +214,7 @@ def check_wait(argument: str, value: object, fallback: Backoff) -> Delays:
             f"must be a Backoff or a tenacity wait (a callable taking a RetryCallState, such "
             f"as tenacity.wait_exponential()), or None; got {value!r}",
         )
+    _not_a_class(argument, value)
     if _is_tenacity(value, "tenacity.stop", "stop_base"):
         raise ValidationError(argument, f"{value!r} is a tenacity stop, not a wait")
     return _UserWait(cast(Wait, value), argument, fallback)
@@ -232,4 +233,14 @@ def check_stop(argument: str, value: object) -> Stops | None:
             f"must be a tenacity stop (a callable taking a RetryCallState, such as "
             f"tenacity.stop_after_attempt(3)), or None; got {value!r}",
         )
+    _not_a_class(argument, value)
     return _UserStop(cast(Stop, value), argument)
+
+
+def _not_a_class(argument: str, value: object) -> None:
+    """A strategy's class given for the strategy (``tenacity.wait_exponential`` without its
+    parentheses) is callable too, and would answer a strategy, not seconds: refused."""
+    if isinstance(value, type):
+        raise ValidationError(
+            argument, f"{value.__name__} is a class: give an instance, such as {value.__name__}()"
+        )

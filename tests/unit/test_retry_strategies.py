@@ -148,6 +148,9 @@ BAD: list[tuple[str, object]] = [
     ("retry_stop", 3),
     ("retry_stop", tenacity.wait_fixed(1)),  # a wait given as the stop
     ("retry_stop", Backoff()),
+    ("retry_backoff", tenacity.wait_exponential),  # the class, not a wait
+    ("retry_backoff", Backoff),
+    ("retry_stop", tenacity.stop_after_attempt),
 ]
 
 
