@@ -45,7 +45,7 @@ from smartnsq.errors import (
 )
 from smartnsq.flow.backoff import BackoffPolicy, check_seconds
 from smartnsq.flow.replays import ReplayFilter
-from smartnsq.flow.retry import Backoff
+from smartnsq.flow.retry import Backoff, Wait
 from smartnsq.protocol import commands
 from smartnsq.protocol.commands import StartPosition
 from smartnsq.protocol.validation import check_channel, check_topic
@@ -111,7 +111,9 @@ class Consumer:
     With a ``handler`` (a coroutine function, or a plain function run in a thread), returning
     finishes the message and raising requeues it; without one, iterate the consumer.
     ``ordered=True`` subscribes with SUB_ORDERED: each partition's messages reach the handler
-    one at a time, in queue order. Durations are in seconds.
+    one at a time, in queue order. ``reconnect_backoff`` (a :class:`Backoff` or a tenacity
+    wait) spaces the subscribe attempts of a partition while they fail. Durations are in
+    seconds.
     """
 
     def __init__(
@@ -151,7 +153,7 @@ class Consumer:
         lookupd_poll_interval: float = 60.0,
         low_rdy_idle_timeout: float = 10.0,
         low_rdy_timeout: float = 30.0,
-        reconnect_backoff: Backoff | None = None,
+        reconnect_backoff: Backoff | Wait | None = None,
         handler_threads: int | None = None,
         replay_filter: ReplayFilter | None = None,
         tracer_provider: Any = None,

@@ -17,7 +17,7 @@ from smartnsq.errors import UnsupportedFeatureError, ValidationError
 from smartnsq.flow.backoff import BackoffPolicy, check_seconds
 from smartnsq.flow.delivery import DeliveryOptions
 from smartnsq.flow.replays import ReplayFilter
-from smartnsq.flow.retry import Backoff
+from smartnsq.flow.retry import Backoff, Delays, Wait, check_wait
 from smartnsq.protocol.commands import StartPosition
 from smartnsq.protocol.identify import MAX_MSG_TIMEOUT_MS
 from smartnsq.protocol.validation import check_partition
@@ -50,7 +50,8 @@ class ConsumerOptions(ClientOptions):
     channel (its keyword arguments; see the Consumer for their meaning), checked.
     Resolved when made: ``requeue_delay`` and ``skip_replays`` given as None follow the mode
     (ordered or not), ``partitions`` becomes a frozenset and ``dead_letter_path`` a
-    ``Path``; ``delivery`` is the delivery ledger's share."""
+    ``Path``; ``delivery`` is the delivery ledger's share, ``reconnect_delays``
+    ``reconnect_backoff`` ready (a user's tenacity wait adapted)."""
 
     handler: Handler | None = None
     max_in_flight: int | None = None
@@ -73,11 +74,13 @@ class ConsumerOptions(ClientOptions):
     sample_rate: int = 0
     low_rdy_idle_timeout: float = 10.0
     low_rdy_timeout: float = 30.0
-    reconnect_backoff: Backoff | None = None
+    reconnect_backoff: Backoff | Wait | None = None
     handler_threads: int | None = None
     replay_filter: ReplayFilter | None = None
-    # derived: the delivery ledger's options
+    # derived: the delivery ledger's options; what spaces a subscription's reconnections
+    # (reconnect_backoff, a user's tenacity wait adapted, or the default)
     delivery: DeliveryOptions = field(init=False, repr=False, compare=False)
+    reconnect_delays: Delays = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.max_in_flight is not None:
@@ -132,9 +135,8 @@ class ConsumerOptions(ClientOptions):
                 )
         for name in ("low_rdy_idle_timeout", "low_rdy_timeout"):
             check_seconds(name, getattr(self, name), positive=True)
-        backoff = self.reconnect_backoff
-        if backoff is not None and not isinstance(backoff, Backoff):
-            raise ValidationError("reconnect_backoff", "must be a Backoff, or None (the default)")
+        delays = check_wait("reconnect_backoff", self.reconnect_backoff, _RECONNECT_BACKOFF)
+        set_derived(self, "reconnect_delays", delays)
         if self.replay_filter is not None and not isinstance(self.replay_filter, ReplayFilter):
             raise ValidationError("replay_filter", "must be a ReplayFilter, or None (a new one)")
         threads = self.handler_threads
@@ -176,12 +178,6 @@ class ConsumerOptions(ClientOptions):
     def start_position(self) -> StartPosition | None:
         """``start`` as a :class:`StartPosition` (the named positions resolved)."""
         return self.start if isinstance(self.start, StartPosition) else None
-
-    @property
-    def reconnect_delays(self) -> Backoff:
-        """What spaces a subscription's reconnections: ``reconnect_backoff``, or the
-        default."""
-        return _RECONNECT_BACKOFF if self.reconnect_backoff is None else self.reconnect_backoff
 
 
 def _start_position(start: object) -> StartPosition | None:

@@ -30,7 +30,7 @@ from smartnsq.errors import (
     UnsupportedFeatureError,
     ValidationError,
 )
-from smartnsq.flow.retry import Backoff, needs_lookup_refresh
+from smartnsq.flow.retry import Backoff, Delays, needs_lookup_refresh
 from smartnsq.protocol.commands import StartPosition
 from smartnsq.protocol.lookupd import Node, TopicLayout
 from smartnsq.protocol.message import MessageFrame
@@ -115,7 +115,7 @@ class Subscriber:
         start_position: StartPosition | None,
         desired_tag: str | None,
         connection_config: ConnectionConfig,
-        reconnect_backoff: Backoff,
+        reconnect_backoff: Delays,
         lookup: LookupManager | None,
         nsqd: list[str],
         fail_fast: bool = False,
@@ -141,6 +141,7 @@ class Subscriber:
         self.wanted: frozenset[int] = frozenset()
         self._retry_at: dict[Key, float] = {}
         self._failures: dict[Key, int] = {}
+        self._failing_since: dict[Key, float] = {}  # when each run of failures began
         self._addresses: dict[int | None, str] = {}  # partition -> the nsqd last subscribed
         self._leaders: dict[int, Node] = {}  # partition -> its leader, as last looked up
         self._positioned: set[int] = set()  # partitions moved to start_position already
@@ -148,6 +149,7 @@ class Subscriber:
         # subscriptions closed within STABLE_AFTER of their SUB (counted as failed subscribes)
         self.short_lived = 0
         self._relookups = 0
+        self._relooking_since = 0.0
         self._topic_missing = False
         self._force_refresh = False
         self._extend_support: bool | None = None
@@ -372,7 +374,13 @@ class Subscriber:
                 # A partition has no live subscription (its leader failed over, or is down):
                 # look up again soon, and keep looking until the lookup names its leader.
                 self._relookups += 1
-                waits.append(self.reconnect_backoff.delay(self._relookups))
+                if self._relookups == 1:
+                    self._relooking_since = now
+                waits.append(
+                    self.reconnect_backoff.delay(
+                        self._relookups, self.last_connect_error, now - self._relooking_since
+                    )
+                )
             elif self._topic_missing or self._lookup_failing:
                 self._relookups += 1
                 waits.append(MISSING_TOPIC_BACKOFF.delay(self._relookups))
@@ -515,7 +523,7 @@ class Subscriber:
             # join() raises it.
             self.listener.fatal(exc)
             return
-        failures = self._count_failure(key, first_at_once=False)
+        failures = self._count_failure(key, exc, first_at_once=False)
         self.listener.warn(
             ("subscribe", key[0]),
             "%s: subscribing to %s failed (%s); retrying",
@@ -529,14 +537,21 @@ class Subscriber:
             refresh=self.lookup is not None and (needs_lookup_refresh(exc) or failures > 1)
         )
 
-    def _count_failure(self, key: Key, *, first_at_once: bool) -> int:
-        """One more failure in a row for ``key`` (forgotten once a subscription lasts): the
-        next attempt waits the reconnect backoff, except the first one with
-        ``first_at_once``."""
+    def _count_failure(
+        self, key: Key, failure: BaseException | None, *, first_at_once: bool
+    ) -> int:
+        """One more failure in a row for ``key`` (forgotten once a subscription lasts), the
+        last being ``failure``: the next attempt waits the reconnect backoff, except the
+        first one with ``first_at_once``."""
         failures = self._failures.get(key, 0) + 1
         self._failures[key] = failures
-        if self._loop is not None and (failures > 1 or not first_at_once):
-            self._retry_at[key] = self._loop.time() + self.reconnect_backoff.delay(failures)
+        loop = self._loop
+        if loop is not None:
+            now = loop.time()
+            since = self._failing_since.setdefault(key, now)
+            if failures > 1 or not first_at_once:
+                wait = self.reconnect_backoff.delay(failures, failure, now - since)
+                self._retry_at[key] = now + wait
         return failures
 
     def _on_close(self, sub: Subscription, conn: Connection, exc: BaseException | None) -> None:
@@ -557,6 +572,7 @@ class Subscriber:
             # A subscription that was working (a leader move, an nsqd restart): expected,
             # retried at once.
             self._failures.pop(sub.key, None)
+            self._failing_since.pop(sub.key, None)
             log.info(
                 "%s/%s: connection to %s closed (%s); subscribing again",
                 self.topic,
@@ -564,13 +580,13 @@ class Subscriber:
                 sub.address,
                 exc,
             )
-            self._count_failure(sub.key, first_at_once=True)
+            self._count_failure(sub.key, exc, first_at_once=True)
         else:
             # Dropped soon after its SUB succeeded (real youzan: a new leader not writable
             # yet refuses the FIN of what it redelivers, fatally): a failed subscribe, which
             # backs off, rather than a storm of reconnections hammering a recovering node.
             self.short_lived += 1
-            failures = self._count_failure(sub.key, first_at_once=False)
+            failures = self._count_failure(sub.key, exc, first_at_once=False)
             listener.warn(
                 ("lost", sub.address),
                 "%s: connection to %s closed %.1f s after subscribing (%s); retrying in "

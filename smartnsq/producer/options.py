@@ -9,7 +9,7 @@ from typing import Any
 from smartnsq.client.options import ClientOptions, check_flag, set_derived
 from smartnsq.errors import ValidationError
 from smartnsq.flow.backoff import check_seconds
-from smartnsq.flow.retry import Backoff
+from smartnsq.flow.retry import Backoff, Delays, Stop, Stops, Wait, check_stop, check_wait
 from smartnsq.protocol.validation import MAX_BODY_SIZE, MAX_MSG_SIZE
 from smartnsq.publishing.arguments import check_publish_timeout
 from smartnsq.routing.sharding import Sharder, ShardingStrategy
@@ -27,12 +27,14 @@ _DEFAULT_RETRY_BACKOFF = Backoff()
 class ProducerOptions(ClientOptions):
     """Everything a :class:`~smartnsq.producer.producer.Producer` is given (its keyword
     arguments; see the Producer for their meaning), checked; ``sharder`` is made from
-    ``sharding``."""
+    ``sharding``, ``retry_delays`` and ``retry_stops`` from ``retry_backoff`` and
+    ``retry_stop`` (a user's tenacity strategies adapted, see :mod:`smartnsq.flow.retry`)."""
 
     sharding: ShardingStrategy = "java"
     publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT
     max_retries: int | None = None
-    retry_backoff: Backoff | None = None
+    retry_backoff: Backoff | Wait | None = None
+    retry_stop: Stop | None = None
     connections_per_partition: int = 1
     request_timeout: float = 10.0
     max_msg_size: int = MAX_MSG_SIZE
@@ -42,8 +44,11 @@ class ProducerOptions(ClientOptions):
     stamps: bool = True
     linger: float | None = None
     max_batch: int = 100
-    # derived: the sharding strategy, ready
+    # derived: the sharding strategy, ready; what spaces a publish's tries (retry_backoff,
+    # or the default) and what else ends it (retry_stop), a user's tenacity ones adapted
     sharder: Sharder = field(init=False, repr=False, compare=False)
+    retry_delays: Delays = field(init=False, repr=False, compare=False)
+    retry_stops: Stops | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         set_derived(
@@ -54,8 +59,9 @@ class ProducerOptions(ClientOptions):
             raise ValidationError(
                 "max_retries", "must be an int >= 0, or None (bounded by publish_timeout only)"
             )
-        if self.retry_backoff is not None and not isinstance(self.retry_backoff, Backoff):
-            raise ValidationError("retry_backoff", "must be a Backoff, or None (the default)")
+        delays = check_wait("retry_backoff", self.retry_backoff, _DEFAULT_RETRY_BACKOFF)
+        set_derived(self, "retry_delays", delays)
+        set_derived(self, "retry_stops", check_stop("retry_stop", self.retry_stop))
         per_partition = self.connections_per_partition
         if type(per_partition) is not int or per_partition < 1:
             raise ValidationError("connections_per_partition", "must be an int >= 1")
@@ -73,11 +79,6 @@ class ProducerOptions(ClientOptions):
             check_seconds("linger", self.linger, positive=False)
         if type(self.max_batch) is not int or self.max_batch < 1:
             raise ValidationError("max_batch", "must be an int >= 1")
-
-    @property
-    def retry_delays(self) -> Backoff:
-        """What spaces a publish's tries: ``retry_backoff``, or the default."""
-        return _DEFAULT_RETRY_BACKOFF if self.retry_backoff is None else self.retry_backoff
 
     def _connection_specific(self) -> dict[str, Any]:
         return {"request_timeout": self.request_timeout}

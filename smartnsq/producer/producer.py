@@ -29,7 +29,7 @@ from smartnsq.errors import (
     NSQTimeoutError,
     ValidationError,
 )
-from smartnsq.flow.retry import Backoff
+from smartnsq.flow.retry import Backoff, Stop, Wait
 from smartnsq.producer.options import DEFAULT_PUBLISH_TIMEOUT, ProducerOptions
 from smartnsq.producer.sender import Sender
 from smartnsq.protocol.lookupd import TopicLayout
@@ -67,7 +67,8 @@ class Producer:
     taking writes for 21-29 s with 3 replicas, and for 95-112 s with 2 (nsqlookupd offers a
     partition for writes again only once a majority of its replicas are in sync); the default
     (120 s) rides out both. ``max_retries`` (None: no count, only the time bound) stops
-    earlier after that many retries.
+    earlier after that many retries, and so does ``retry_stop`` (a tenacity stop) when it
+    says so; ``retry_backoff`` (a :class:`Backoff` or a tenacity wait) spaces the tries.
 
     Publishes bound to a partition (a ``sharding_key``, an explicit ``partition``) are
     stored in the order ``publish()`` was called, through every retry
@@ -83,7 +84,8 @@ class Producer:
         sharding: ShardingStrategy = "java",
         publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
         max_retries: int | None = None,
-        retry_backoff: Backoff | None = None,
+        retry_backoff: Backoff | Wait | None = None,
+        retry_stop: Stop | None = None,
         connections_per_partition: int = 1,
         connect_timeout: float = 5.0,
         request_timeout: float = 10.0,
@@ -139,6 +141,7 @@ class Producer:
             layouts=None if lookup is None else lambda topic: lookup.cached(topic, "w"),
             delays=options.retry_delays,
             max_retries=options.max_retries,
+            stop=options.retry_stops,
             request_timeout=config.request_timeout,
             producer_id=f"{random.getrandbits(64):016x}" if options.stamps else None,
             links_per_key=options.connections_per_partition,

@@ -60,6 +60,7 @@ from smartnsq.errors import (
     ValidationError,
 )
 from smartnsq.flow.logthrottle import LogThrottle
+from smartnsq.flow.retry import Stops
 from smartnsq.protocol.lookupd import TopicLayout
 from smartnsq.publishing.lanes import (
     BATCH_OVERHEAD,
@@ -137,7 +138,8 @@ class PublishFlow:
     ``layouts(topic)``: the cached write layout of a topic (None when unknown); None in
     direct mode (``Producer(nsqd=...)``), where the router's direct routes are all there
     is. ``delays``: the backoff between a lane's tries; ``max_retries``: a publish's tries
-    after its first, at most (None: its deadline only). ``producer_id``: stamps on ext
+    after its first, at most (None: its deadline only); ``stop``: what else ends a publish
+    after a failed try (a user's tenacity stop; None: nothing). ``producer_id``: stamps on ext
     topics (None: none). ``links_per_key``: how many links an unkeyed publish spreads over
     (``connections_per_partition``). ``verbose``: a debug note per retry. ``linger``
     (auto-batching; None: off): how long a plain publish waits for others of its partition
@@ -152,6 +154,7 @@ class PublishFlow:
         layouts: Callable[[str], TopicLayout | None] | None,
         delays: Delays,
         max_retries: int | None = None,
+        stop: Stops | None = None,
         request_timeout: float = 10.0,
         producer_id: str | None = None,
         links_per_key: int = 1,
@@ -166,6 +169,7 @@ class PublishFlow:
         self._layouts = layouts
         self._delays = delays
         self._max_retries = max_retries
+        self._stop = stop
         self._request_timeout = request_timeout
         self.producer_id = producer_id
         self._links_per_key = links_per_key
@@ -705,13 +709,15 @@ class PublishFlow:
                     self._finish(lane.queue.popleft(), error, steps)
                 lane.sending = 0
                 continue
-            if self._over_retries(head):
+            bound = self._stopped(head)
+            if bound is not None:
                 lane.queue.popleft()
-                self._give_up(head, f"max_retries={self._max_retries}", steps)
+                self._give_up(head, bound, steps)
             else:
                 steps.retry(head, error, _partition(head))
             lane.recovering = True
-            self._schedule(lane, error, now, steps)
+            if lane.queue:  # the wait spaces tries: none is left after a give-up
+                self._schedule(lane, error, now, steps)
         return steps
 
     def link_down(self, link: Any) -> None:
@@ -1221,9 +1227,10 @@ class PublishFlow:
         p.lane = lane
         lane.queue.append(p)
         self._watch(p)
-        if self._over_retries(p):
+        bound = self._stopped(p)
+        if bound is not None:
             lane.queue.clear()
-            self._give_up(p, f"max_retries={self._max_retries}", steps)
+            self._give_up(p, bound, steps)
             return
         lane.recovering = True
         steps.retry(p, p.failure, _partition(p))  # type: ignore[arg-type]
@@ -1279,9 +1286,10 @@ class PublishFlow:
             route = p.route
             if lane.movable and route is not None and route.partition is not None:
                 p.avoid = p.avoid | {route.partition}  # an unkeyed one tries elsewhere first
-            if self._over_retries(p):
+            bound = self._stopped(p)
+            if bound is not None:
                 lane.queue.remove(p)
-                self._give_up(p, f"max_retries={self._max_retries}", steps)
+                self._give_up(p, bound, steps)
                 continue
             if p.failure is not None:
                 steps.retry(p, p.failure, _partition(p))
@@ -1304,7 +1312,7 @@ class PublishFlow:
         if lane.movable and head is not None and head.avoid and lane.failures <= 1:
             delay = 0.0
         else:
-            delay = self._delays.delay(lane.failures)
+            delay = self._delays.delay(lane.failures, failure, now - lane.failing_since)
         if self._layouts is not None and _refreshes(failure):
             if isinstance(failure, NoWritablePartitionError):
                 delay = max(delay, WARN_AFTER)
@@ -1330,9 +1338,10 @@ class PublishFlow:
             return
         self._tried(head)
         head.failure = exc
-        if self._over_retries(head):
+        bound = self._stopped(head)
+        if bound is not None:
             lane.queue.remove(head)
-            self._give_up(head, f"max_retries={self._max_retries}", steps)
+            self._give_up(head, bound, steps)
         else:
             steps.retry(head, exc, _partition(head))
         if lane.queue:
@@ -1442,8 +1451,14 @@ class PublishFlow:
             self.stats.retries += 1
         p.tries += 1
 
-    def _over_retries(self, p: Publish) -> bool:
-        return self._max_retries is not None and p.tries > self._max_retries
+    def _stopped(self, p: Publish) -> str | None:
+        """What ends ``p`` after its failed try (``max_retries``, ``retry_stop``), or None:
+        it goes on (until its deadline at most, whatever the stop says)."""
+        if self._max_retries is not None and p.tries > self._max_retries:
+            return f"max_retries={self._max_retries}"
+        if self._stop is not None and self._stop.stops(p.tries, p.failure, self._now - p.arrived):
+            return "retry_stop"
+        return None
 
     def _give_up(self, p: Publish, bound: str, steps: Steps, keep: bool = False) -> None:
         """``p`` ends with a :class:`PublishError` (``bound``: what ended it)."""

@@ -5,8 +5,9 @@ decisions are :mod:`smartnsq.publishing.flow`'s."""
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Protocol
+from typing import Any
 
+from smartnsq.flow.retry import Delays
 from smartnsq.publishing.request import PublishRequest
 from smartnsq.publishing.result import PublishResult
 from smartnsq.publishing.routes import Route
@@ -49,12 +50,6 @@ PER_MESSAGE = 4
 PER_TRACE_ID = 8
 Key = tuple[str, str, "int | None"]  # a link's pool key: (address, pool topic, partition)
 NO_LAYOUT: Any = object()  # a lane not waiting for a layout
-
-
-class Delays(Protocol):
-    """What spaces a lane's tries: the wait after ``failures`` consecutive failures."""
-
-    def delay(self, failures: int) -> float: ...
 
 
 class Publish:

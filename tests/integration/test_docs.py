@@ -382,7 +382,11 @@ def test_architecture_names_existing_modules() -> None:
 # Pages whose examples are held to mypy as a user's own code would be (default settings,
 # untyped test functions checked too): the embedded cluster's, whose leader() is None
 # during a failover (issue 34: the faults guide indexed the proxies with it unchecked).
-TYPED_PAGES = ("docs/guides/faults.md", "docs/guides/durable-channels.md")
+TYPED_PAGES = (
+    "docs/guides/faults.md",
+    "docs/guides/durable-channels.md",
+    "docs/guides/failures.md",
+)
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from smartnsq.errors import ConnectionClosedError, NotLeaderError, NSQError, PubFailedError
+from smartnsq.flow.retry import Delays, Stops
 from smartnsq.protocol.lookupd import Node, TopicLayout, TopicMeta
 from smartnsq.protocol.responses import OK
 from smartnsq.publishing.flow import Batch, Publish, PublishFlow, Steps
@@ -30,7 +31,9 @@ class Fixed:
     def __init__(self, step: float = 0.1) -> None:
         self.step = step
 
-    def delay(self, failures: int) -> float:
+    def delay(
+        self, failures: int, failure: BaseException | None = None, elapsed: float = 0.0
+    ) -> float:
         return self.step
 
 
@@ -113,6 +116,8 @@ class World:
         sharder: Callable[[Any, int], int] | None = None,
         linger: float | None = None,
         max_batch: int = 100,
+        delays: Delays | None = None,
+        stop: Stops | None = None,
     ) -> None:
         self.now = 0.0
         self.leaders: dict[int, str | None] = {p: "abc"[p % 3] for p in range(partitions)}
@@ -127,8 +132,9 @@ class World:
             self.router,
             PublishCodec(),
             layouts=self.layouts.get,
-            delays=Fixed(step),
+            delays=Fixed(step) if delays is None else delays,
             max_retries=max_retries,
+            stop=stop,
             request_timeout=10.0,
             producer_id="p1",
             lane_depth=lane_depth,
