@@ -22,6 +22,7 @@ REGRESSIONS = {
 }
 
 
+@pytest.mark.timeout(1800)  # about 4 minutes on 2 cores; a soak sets its own with --timeout
 def test_seeded_schedules(request: pytest.FixtureRequest) -> None:
     seed = request.config.getoption("sim_seed")
     if seed is not None:

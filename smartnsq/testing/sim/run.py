@@ -420,7 +420,14 @@ def _bodies(command: Any) -> list[bytes]:
 async def _run(scenario: Scenario, sim: Simulation, history: History) -> None:
     network = sim.network
     loop = asyncio.get_running_loop()
-    cluster = Cluster(nodes=NODES, failover_delay=scenario.failover_delay, record_deliveries=False)
+    # nsqd scans its in-flight messages for timeouts every 100 ms (QueueScanInterval,
+    # nsqio/nsq nsqd/options.go), where the emulator's default is finer for tests
+    cluster = Cluster(
+        nodes=NODES,
+        failover_delay=scenario.failover_delay,
+        record_deliveries=False,
+        sweep_interval=0.1,
+    )
     async with cluster:
         await cluster.create_topic(
             TOPIC, PARTITIONS, 2, ext=scenario.ext, ordered=False, channels=[CHANNEL]
@@ -450,7 +457,8 @@ async def _run(scenario: Scenario, sim: Simulation, history: History) -> None:
 
 
 def _leaks(history: History, network: SimNetwork, baseline: set[asyncio.Task[Any]]) -> None:
-    """The clients' connections, tasks and timers, once closed: none left."""
+    """The clients' connections, tasks and timers, once closed: none left (a sleep of a
+    client's task is its task's, counted with it)."""
     client_links = [link for link in network.open_links() if not link.client.is_closing()]
     if client_links:
         history.leaks.append(f"{len(client_links)} client connection(s) still open: {client_links}")
@@ -461,6 +469,21 @@ def _leaks(history: History, network: SimNetwork, baseline: set[asyncio.Task[Any
     ]
     if left:
         history.leaks.append(f"{len(left)} client task(s) still running: {left[:3]}")
+    loop = asyncio.get_running_loop()
+    timers = [
+        handle
+        for handle in getattr(loop, "_scheduled", ())
+        if not handle.cancelled() and _is_clients_callback(handle._callback)
+    ]
+    if timers:
+        history.leaks.append(f"{len(timers)} client timer(s) still armed: {timers[:3]}")
+
+
+def _is_clients_callback(callback: Any) -> bool:
+    owner = getattr(callback, "__self__", None)
+    module = type(owner).__module__ if owner is not None else getattr(callback, "__module__", "")
+    module = module or ""
+    return module.startswith("smartnsq") and not module.startswith("smartnsq.testing")
 
 
 def _is_clients(task: asyncio.Task[Any]) -> bool:
