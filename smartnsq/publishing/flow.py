@@ -1128,7 +1128,13 @@ class PublishFlow:
             routes = self._router.direct_routes
             if not routes:  # pragma: no cover - direct mode has an address at least
                 raise ValidationError("nsqd", "no nsqd address")
-            route = self._router.route_classic(p.request, routes)
+            if len(routes) == 1 and p.request.address is None:
+                # One nsqd, and the publish names neither partition nor key (submit checked):
+                # the round-robin can only pick it (a named tuple's field reads and the
+                # counter less per publish).
+                route = routes[0]
+            else:
+                route = self._router.route_classic(p.request, routes)
         else:
             layout = self._layouts(p.request.topic)
             steps = Steps()
