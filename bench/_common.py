@@ -37,6 +37,8 @@ __all__ = [
     "BENCH",
     "BODY",
     "CHANNEL",
+    "GO_CLIENTS",
+    "ROOT",
     "TOPIC",
     "Aim",
     "Cluster",
@@ -73,6 +75,7 @@ __all__ = [
 ]
 
 BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent  # the tree these benchmarks belong to
 BATCH = 100
 TIMEOUT = 120.0
 READY_TIMEOUT = 60.0
@@ -495,10 +498,12 @@ def run_fresh(
         if job.linger is not None:
             argv += [f"--linger={job.linger}", f"--max-batch={job.max_batch}"]
         if job.client == "smartnsq":
-            argv += [f"--handler={job.handler}", f"--loop={job.loop}", f"--gc={job.gc}"]
+            argv += [f"--handler={job.handler}", f"--gc={job.gc}"]
             if job.blocking:
                 argv.append("--blocking")
-            argv += ["--ordered"] if job.ordered else []
+        if job.client in ("smartnsq", "raw"):
+            argv.append(f"--loop={job.loop}")
+        argv += ["--ordered"] if job.ordered else []
         limit = timeout if timeout is not None else 60.0 + job.messages / 1000
         env = worker_env(dict(job.env))
         return run_worker(job.client, job.mode, argv, timeout=limit, python=python, env=env)
@@ -514,8 +519,9 @@ def worker_env(extra: dict[str, str]) -> dict[str, str]:
 
 def cluster_env() -> dict[str, str]:
     """The embedded cluster's environment: always this tree, its default build, asyncio's
-    loop, whatever the client under test runs (the server stays the same for all)."""
-    env = worker_env({})
+    loop, whatever the client under test runs (the server stays the same for all). This
+    tree by path: the interpreter's own install may be another checkout's (editable)."""
+    env = worker_env({"PYTHONPATH": str(ROOT)})
     env["SMARTNSQ_UVLOOP"] = "0"
     return env
 
@@ -638,9 +644,18 @@ def run_worker(
     python: str = sys.executable,
     env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Run ``clients/<client>_worker.py`` in its own process; its JSON result."""
-    script = BENCH / "clients" / f"{client}_worker.py"
-    command = [python, str(script), workload, *argv, f"--timeout={timeout:g}"]
+    """Run ``clients/<client>_worker.py`` (a Go client: its binary, ``go_worker``) in its
+    own process; its JSON result."""
+    preexec = die_with_parent()
+    if client in GO_CLIENTS:
+        binary = go_worker(client)
+        if binary is None:
+            raise WorkerError(f"{client}: {GO_MISSING}")
+        command = [str(binary), workload, *argv, f"--timeout={timeout:g}"]
+        preexec = _pinned(preexec, argv)  # a Go process has many threads: pin before exec
+    else:
+        script = BENCH / "clients" / f"{client}_worker.py"
+        command = [python, str(script), workload, *argv, f"--timeout={timeout:g}"]
     try:
         done = subprocess.run(
             command,
@@ -650,7 +665,7 @@ def run_worker(
             stdin=subprocess.DEVNULL,
             check=False,
             env=env,
-            preexec_fn=die_with_parent(),
+            preexec_fn=preexec,
         )
     except subprocess.TimeoutExpired as exc:  # subprocess.run killed it
         raise WorkerError(f"{client} {workload}: no answer after {timeout + 30:g} s") from exc
@@ -661,6 +676,28 @@ def run_worker(
     result: dict[str, Any] = json.loads(lines[-1])
     result["stderr"] = done.stderr[-2000:]
     return result
+
+
+GO_CLIENTS = ("go-nsq", "youzan-go-nsq")
+GO_MISSING = "not built: GOPATH=... bench/go/build.sh (see that script)"
+
+
+def go_worker(client: str) -> Path | None:
+    """The Go worker binary of ``client`` (bench/go/bin), None when it is not built."""
+    binary = BENCH / "go" / "bin" / f"{client}-worker"
+    return binary if os.access(binary, os.X_OK) else None
+
+
+def _pinned(preexec: Callable[[], None], argv: Sequence[str]) -> Callable[[], None]:
+    """``preexec`` and the worker's ``--cpu=N`` applied to the child before it starts (its
+    threads inherit it)."""
+    cpu = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--cpu=")), None)
+
+    def both() -> None:
+        preexec()
+        pin(cpu)
+
+    return both
 
 
 # --------------------------------------------------------------------------- reports

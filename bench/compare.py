@@ -30,6 +30,19 @@ and ``base`` (another tree, e.g. ``git archive main | tar -x -C /tmp/base``, giv
 (``base+uvloop``, ``smartnsq/pure+uvloop``). The cluster is the same for every variant: this
 tree, asyncio's loop. ``--variants all`` runs every combination.
 
+Other clients beside pynsq and gnsq (``--clients``), each compared with the smartnsq rows of
+the same workload (msgs/s and client CPU per message):
+
+- ``raw`` and ``raw+uvloop``: the raw asyncio ceiling (``clients/raw_worker.py``), a minimal
+  ``asyncio.Protocol`` that reads each message frame and writes its FIN (consume, the youzan
+  rows, ordered too) or writes a PUB and awaits its OK (pub1), on asyncio's loop or uvloop:
+  a smartnsq variant is compared with the one on its loop, its client CPU over the
+  ceiling's being what smartnsq itself costs per message (issue 35: within 1.3x);
+- ``go-nsq`` and ``youzan-go-nsq``: Go workers (``bench/go``, built from a GOPATH by
+  ``bench/go/build.sh``; skipped with a message when not built): synchronous ``Publish``
+  (pub1, also beside smartnsq's blocking publish; pub100 from 100 goroutines),
+  ``MultiPublish`` (mpub100), a consumer (ordered with ``EnableOrdered`` on youzan).
+
 The table shows medians over rounds; the ratios are medians of same-round ratios, with the
 lowest and highest of them (the spread).
 """
@@ -50,11 +63,15 @@ from pathlib import Path
 from typing import Any
 
 from _common import (
+    GO_CLIENTS,
+    GO_MISSING,
+    ROOT,
     Conditions,
     Job,
     WorkerError,
     describe,
     exit_on_sigterm,
+    go_worker,
     log,
     measure,
     median,
@@ -66,7 +83,24 @@ from _common import (
 )
 
 CLIENTS = ("smartnsq", "pynsq", "gnsq")
-OTHERS = CLIENTS[1:]
+PYTHON_OTHERS = CLIENTS[1:]  # the default other clients
+# The raw asyncio ceiling (clients/raw_worker.py: a frame read, its FIN or OK written, no
+# client library) on each loop, and the Go clients (bench/go, built by bench/go/build.sh).
+CEILINGS = ("raw", "raw+uvloop")
+OTHERS = (*PYTHON_OTHERS, *CEILINGS, *GO_CLIENTS)
+# The workloads each of the non-default others runs (pynsq and gnsq: the classic four).
+OWN_WORKLOADS = {
+    "raw": ("consume", "consume-youzan4", "consume-ordered-youzan4", "pub1"),
+    "go-nsq": ("consume", "pub1", "pub100", "mpub100"),
+    "youzan-go-nsq": (
+        "consume-youzan4",
+        "consume-ordered-youzan4",
+        "pub1-youzan4",
+        "pub100-youzan4",
+        "mpub100-youzan4",
+    ),
+}
+OWN_WORKLOADS["raw+uvloop"] = OWN_WORKLOADS["raw"]
 YOUZAN_PARTITIONS = 4
 
 
@@ -96,6 +130,8 @@ class Variant:
             if baseline is None:
                 raise ValueError(f"variant {self.name} needs --baseline")
             env.append(("PYTHONPATH", str(baseline)))
+        else:  # this tree by path: the interpreter's install may be another checkout's
+            env.append(("PYTHONPATH", str(ROOT)))
         if self.pure:
             env.append(("SMARTNSQ_PURE", "1"))
         return tuple(env)
@@ -157,7 +193,12 @@ WORKLOADS = (
 def cases(linger: float, max_batch: int, variants: Sequence[str]) -> list[Case]:
     found = []
     for mode in ("consume", "pub1", "pub100", "mpub100"):
-        found += [Case(mode, client, mode) for client in (*variants, *OTHERS)]
+        found += [Case(mode, client, mode) for client in (*variants, *PYTHON_OTHERS)]
+    for client, workloads in OWN_WORKLOADS.items():
+        for workload in workloads:
+            mode = workload.split("-")[0]
+            youzan, ordered = "youzan" in workload, "ordered" in workload
+            found.append(Case(workload, client, mode, youzan=youzan, ordered=ordered))
     for variant in variants:
         found.append(Case("consume-plain", variant, "consume", handler="plain"))
         found.append(Case("pub1-blocking", variant, "pub1", blocking=True))
@@ -172,6 +213,26 @@ def cases(linger: float, max_batch: int, variants: Sequence[str]) -> list[Case]:
 
 def is_smartnsq(client: str) -> bool:
     return client not in OTHERS
+
+
+def references_of(case: Case, present: set[str]) -> list[tuple[str, str]]:
+    """What another client's rows a smartnsq row is compared with: (client, workload)."""
+    found = [(other, case.base) for other in PYTHON_OTHERS if other in present]
+    variant = Variant.parse(case.client)
+    # the ceiling on the same loop, same workload (the blocking publish has no loop)
+    ceiling = "raw+uvloop" if variant.uvloop else "raw"
+    if ceiling in present and case.workload in OWN_WORKLOADS[ceiling]:
+        found.append((ceiling, case.workload))
+    for go in GO_CLIENTS:
+        if go in present:
+            workload = BLOCKING_GO.get(case.workload, case.workload)
+            if workload in OWN_WORKLOADS[go]:
+                found.append((go, workload))
+    return found
+
+
+# go-nsq's Publish is synchronous: smartnsq's blocking publish is compared with it too
+BLOCKING_GO = {"pub1-blocking": "pub1"}
 
 
 # A target's reference: the same variant's run of the workload's base (its async twin).
@@ -222,11 +283,15 @@ def counts(args: argparse.Namespace, case: Case) -> dict[str, int]:
 
 
 def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
-    program, loop, env = case.client, "asyncio", ()
+    program, loop = case.client, "asyncio"
+    env: tuple[tuple[str, str], ...] = ()
     if is_smartnsq(case.client):
         variant = Variant.parse(case.client)
         program, env = "smartnsq", variant.env(args.baseline)
         loop = "uvloop" if variant.uvloop else "asyncio"
+    elif case.client in CEILINGS:
+        program, _, uvloop = case.client.partition("+")
+        loop = uvloop or "asyncio"
     job = Job(
         program,
         case.mode,
@@ -323,7 +388,7 @@ def summarize(runs: list[dict[str, Any]], selected: list[Case]) -> dict[str, Any
     for case in selected:
         if not is_smartnsq(case.client):
             continue
-        references = [(other, case.base) for other in OTHERS if other in present]
+        references = references_of(case, present)
         # the same workload against the other smartnsq variants it differs from by one lever
         references += [
             (other, case.workload)
@@ -337,7 +402,7 @@ def summarize(runs: list[dict[str, Any]], selected: list[Case]) -> dict[str, Any
                 latency = metric in ("p50", "p99")
                 if latency and case.mode != "pub1":
                     continue
-                if not is_smartnsq(other) and metric not in ("msgs/s", "p50"):
+                if other in PYTHON_OTHERS and metric not in ("msgs/s", "p50"):
                     continue
                 per_round = same_round(ok, case.client, case.workload, other, base, ratio)
                 if per_round:
@@ -550,7 +615,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="small counts, 1 round (smoke)")
     parser.add_argument("--only", help=f"comma list of workloads: {','.join(WORKLOADS)}")
     parser.add_argument(
-        "--clients", help="comma list of the other clients: pynsq,gnsq (default both; none: '')"
+        "--clients",
+        help="comma list of the other clients: pynsq,gnsq (the default), raw,raw+uvloop (the "
+        "raw asyncio ceiling), go-nsq,youzan-go-nsq (built by bench/go/build.sh, skipped "
+        "when not); none: ''",
     )
     parser.add_argument(
         "--variants",
@@ -595,7 +663,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     unknown = only - set(WORKLOADS)
     if unknown:
         parser.error(f"--only: unknown workload(s) {sorted(unknown)}; known: {WORKLOADS}")
-    others = set(OTHERS if args.clients is None else filter(None, args.clients.split(",")))
+    if args.clients is None:
+        others = set(PYTHON_OTHERS)
+    else:
+        others = set(filter(None, args.clients.split(",")))
+    for go in sorted(others & set(GO_CLIENTS)):
+        if go_worker(go) is None:
+            log(f"bench/compare: skipping {go}: {GO_MISSING}")
+            others.discard(go)
     if others - set(OTHERS):
         parser.error(f"--clients: unknown {sorted(others - set(OTHERS))}")
     names = ALL_VARIANTS if args.variants == "all" else tuple(args.variants.split(","))

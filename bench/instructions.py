@@ -10,36 +10,66 @@ the client's own instructions per message, start-up and warm-up cancelled out. `
 DIR`` counts another tree beside this one (DIR holds its ``smartnsq`` package, compiled in
 place: ``python setup.py build_ext --inplace`` there).
 
-Usage: python bench/instructions.py [--only pub1,pub100,...] [--baseline DIR] [--json F]
+Consume rows fill the topic before each run (raw MPUB, not counted). ``--ceiling`` counts
+the raw asyncio worker (``clients/raw_worker.py``: a frame read, its FIN or OK written, no
+client library) beside the rows it has: what smartnsq costs over the floor of any asyncio
+client.
+
+Usage: python bench/instructions.py [--only pub1,consume,...] [--baseline DIR] [--ceiling]
+[--json F]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from _common import BENCH, TOPIC, spawn_cluster
+from _common import BENCH, CHANNEL, ROOT, TOPIC, prefill, spawn_cluster
 
 WORKER = BENCH / "clients" / "smartnsq_worker.py"
-# row -> (worker arguments, youzan?, small count, large count)
-ROWS: dict[str, tuple[list[str], bool, int, int]] = {
-    "pub1": (["pub1", "--concurrency=1"], False, 200, 1200),
-    "pub1-blocking": (["pub1", "--blocking"], False, 200, 1200),
-    "pub1-youzan4": (["pub1", "--concurrency=1"], True, 200, 1200),
-    "pub100": (["pub100", "--concurrency=100"], False, 2000, 12000),
-    "pub100-youzan4": (["pub100", "--concurrency=100"], True, 2000, 12000),
-    "mpub100": (["mpub100", "--batch=100"], False, 2000, 22000),
-    "pub100-batched": (
+CEILING = BENCH / "clients" / "raw_worker.py"  # the raw asyncio ceiling (--ceiling)
+
+
+@dataclass(frozen=True)
+class Row:
+    """A counted row: the worker's arguments, the cluster it needs, the two counts."""
+
+    arguments: list[str]
+    youzan: bool = False
+    small: int = 200
+    large: int = 1200
+    ordered: bool = False  # an ordered topic (youzan)
+    ceiling: bool = False  # the raw worker runs it too
+
+    @property
+    def consume(self) -> bool:
+        return self.arguments[0] == "consume"
+
+
+ROWS: dict[str, Row] = {
+    "pub1": Row(["pub1", "--concurrency=1"], ceiling=True),
+    "pub1-blocking": Row(["pub1", "--blocking"]),
+    "pub1-youzan4": Row(["pub1", "--concurrency=1"], youzan=True),
+    "pub100": Row(["pub100", "--concurrency=100"], small=2000, large=12000),
+    "pub100-youzan4": Row(["pub100", "--concurrency=100"], True, 2000, 12000),
+    "mpub100": Row(["mpub100", "--batch=100"], small=2000, large=22000),
+    "pub100-batched": Row(
         ["pub100", "--concurrency=100", "--linger=0.002", "--max-batch=50"],
-        False,
-        2000,
-        22000,
+        small=2000,
+        large=22000,
+    ),
+    "consume": Row(["consume", "--max-in-flight=2500"], small=5000, large=25000, ceiling=True),
+    "consume-ordered-youzan4": Row(
+        ["consume", "--ordered"], youzan=True, small=500, large=2500, ordered=True, ceiling=True
     ),
 }
 _TOTAL = re.compile(r"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
@@ -66,24 +96,30 @@ def count(argv: list[str], env: dict[str, str]) -> int:
         return int(found.group(1))
 
 
-def per_message(row: str, where: list[str], tree: Path | None) -> float:
-    arguments, _, small, large = ROWS[row]
+def per_message(
+    row: Row, where: list[str], tree: Path | None, cluster: Any, worker: Path = WORKER
+) -> float:
+    """The client's instructions per message: two runs, the difference of their totals over
+    the difference of their counts. Consume rows fill the topic first (outside the count)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
     env["SMARTNSQ_UVLOOP"] = "0"
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
     totals = []
-    for messages in (small, large):
+    for messages in (row.small, row.large):
+        if row.consume:
+            asyncio.run(prefill(cluster.info, TOPIC, messages))
         argv = [
-            str(WORKER),
-            *arguments,
+            str(worker),
+            *row.arguments,
             *where,
             f"--topic={TOPIC}",
+            f"--channel={CHANNEL}",
             f"--messages={messages}",
             "--warmup=200",
         ]
         totals.append(count(argv, env))
-    return (totals[1] - totals[0]) / (large - small)
+    return (totals[1] - totals[0]) / (row.large - row.small)
 
 
 def main() -> int:
@@ -91,34 +127,51 @@ def main() -> int:
     parser.add_argument("--only", help=f"comma list of rows ({', '.join(ROWS)})")
     parser.add_argument("--baseline", type=Path, help="another tree, counted beside this one")
     parser.add_argument("--json", type=Path, help="write the counts here")
+    parser.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="count the raw asyncio worker (clients/raw_worker.py) too, where a row has it",
+    )
     args = parser.parse_args()
     rows = args.only.split(",") if args.only else list(ROWS)
     unknown = set(rows) - set(ROWS)
     if unknown:
         parser.error(f"unknown rows: {', '.join(sorted(unknown))}")
-    trees: dict[str, Path | None] = {"now": None}
+    # this tree by path: the interpreter's own install may be another checkout's (editable)
+    trees: dict[str, Path | None] = {"now": ROOT}
     if args.baseline is not None:
         trees["base"] = args.baseline.resolve()
     results: dict[str, dict[str, float]] = {}
-    for youzan in (False, True):
-        chosen = [row for row in rows if ROWS[row][1] == youzan]
+    for youzan, ordered in ((False, False), (True, False), (True, True)):
+        chosen = [r for r in rows if (ROWS[r].youzan, ROWS[r].ordered) == (youzan, ordered)]
         if not chosen:
             continue
         topic = f"{TOPIC}:4:1" if youzan else TOPIC
-        with spawn_cluster(classic=not youzan, topics=[topic], nodes=1) as cluster:
+        topic += ":ordered" if ordered else ""
+        # youzan's lookupd gives no writable partition of a topic without a channel
+        channels = [f"{TOPIC}:{CHANNEL}"]
+        with spawn_cluster(
+            classic=not youzan, topics=[topic], channels=channels, nodes=1
+        ) as cluster:
             where = (
                 [f"--lookupd={url}" for url in cluster.lookupd]
                 if youzan
                 else [f"--nsqd={address}" for address in cluster.nsqd(TOPIC)]
             )
-            for row in chosen:
-                results[row] = {}
-                for name, tree in trees.items():
-                    results[row][name] = per_message(row, where, tree)
-                line = ", ".join(f"{n} {v / 1000:.1f}k" for n, v in results[row].items())
-                if "base" in results[row]:
-                    line += f"; now/base {results[row]['now'] / results[row]['base']:.3f}x"
-                print(f"{row:16s} instructions per message: {line}", flush=True)
+            for name in chosen:
+                row = ROWS[name]
+                results[name] = {}
+                for label, tree in trees.items():
+                    results[name][label] = per_message(row, where, tree, cluster)
+                if args.ceiling and row.ceiling:
+                    results[name]["raw"] = per_message(row, where, None, cluster, CEILING)
+                found = results[name]
+                line = ", ".join(f"{n} {v / 1000:.1f}k" for n, v in found.items())
+                if "base" in found:
+                    line += f"; now/base {found['now'] / found['base']:.3f}x"
+                if "raw" in found:
+                    line += f"; now/raw {found['now'] / found['raw']:.2f}x"
+                print(f"{name:24s} instructions per message: {line}", flush=True)
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0

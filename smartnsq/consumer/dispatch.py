@@ -247,12 +247,16 @@ class Dispatcher:
     # ------------------------------------------------------------------ intake
 
     def on_message(self, sub: Subscription, conn: Connection, frame: MessageFrame) -> None:
-        decision = self._receive(sub, frame)  # type: ignore[arg-type]  # a Message (Delivery)
+        # Bound methods kept as attributes are read, then called: self._receive(...) would
+        # be a method lookup CPython 3.11 cannot specialize.
+        receive = self._receive
+        decision = receive(sub, frame)  # type: ignore[arg-type]  # a Message (Delivery)
         if decision is RUN_NOW:  # the common case, with nothing else to do
             countdown = self._trace_countdown - 1
             if countdown > 0 and frame.ext_raw is None and not self._observing:
                 self._trace_countdown = countdown  # what _observed() does, inline
-                self._run(frame)  # type: ignore[arg-type]
+                run = self._run
+                run(frame)  # type: ignore[arg-type]
                 return
             if frame.ext_raw is not None or self._observed():
                 self._accepted(frame, conn)  # type: ignore[arg-type]

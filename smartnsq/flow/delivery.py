@@ -405,7 +405,10 @@ class DeliveryLedger(Generic[L]):
         self.counts.received += 1
         self.in_flight += 1
         lane.in_flight += 1
-        rdy = self._rdy_on_message(lane)
+        # Read, then called: self._rdy_on_message(...) would be a method lookup that
+        # CPython 3.11 cannot specialize (an instance attribute, not a method).
+        on_message = self._rdy_on_message
+        rdy = on_message(lane)
         if not self.accepting or lane.closing:
             # Nobody takes it here (closing, or the lane retires): back to nsqd at once,
             # rather than held until the connection closes.
@@ -517,7 +520,8 @@ class DeliveryLedger(Generic[L]):
         command = commands.fin(message_id)
         if self.ordered:
             self._ordered_answer(lane, delivery, command, True)
-        done = self._rdy_on_done(lane, "success")
+        on_done = self._rdy_on_done  # read, then called: see receive()
+        done = on_done(lane, "success")
         if done:
             return Decision(NOTHING, ((lane, command),), done)
         return command

@@ -272,7 +272,8 @@ class RdyController(Generic[K]):
         if not conn.starved and in_flight >= conn.starve_at:
             conn.starved = True
             self._starved += 1
-        conn.last_message = self._clock()
+        clock = self._clock  # self._clock() would be an unspecialized method lookup (3.11)
+        conn.last_message = clock()
         remaining = conn.remaining - 1
         conn.remaining = remaining
         rdy = conn.rdy

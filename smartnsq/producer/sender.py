@@ -162,7 +162,8 @@ class Sender:
         loop = self._loop
         if loop is None:  # pragma: no cover - the producer binds before its first publish
             raise ClientClosedError("the producer is not started")
-        now = self._clock()
+        clock = self._clock  # self._clock() would be an unspecialized method lookup
+        now = clock()
         deadline = now + (self.publish_timeout if timeout is None else timeout)
         waiter = loop.create_future()
         lock = self.lock
@@ -220,22 +221,26 @@ class Sender:
 
     def answered(self, target: Any, data: bytes) -> None:
         lock = self.lock
+        clock = self._clock  # self._clock() would be an unspecialized method lookup
         if lock is None:
-            steps = self.flow.answered(target, data, self._clock())
+            steps = self.flow.answered(target, data, clock())
         else:
             lock.acquire()
             try:
-                steps = self.flow.answered(target, data, self._clock())
+                steps = self.flow.answered(target, data, clock())
             finally:
                 lock.release()
         results = target.results  # None for a batch: its members are in steps.done
         if results is not None:
             p: Publish = target
             if p.span is None and results[0].internal_id is None:
-                # The common answer (untraced, no receipt): what _complete does, inline.
-                waiter = p.waiter
-                if not waiter.done():
-                    waiter.set_result(results)
+                # The common answer (untraced, no receipt): what _complete does, inline;
+                # one method lookup on the future, not two (a caller that was cancelled
+                # has its future done already).
+                try:
+                    p.waiter.set_result(results)
+                except asyncio.InvalidStateError:
+                    pass
             else:
                 self._complete(p)
         if steps is not NO_STEPS and steps.busy:

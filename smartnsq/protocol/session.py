@@ -266,7 +266,8 @@ class ClientSession:
         self._next_token = token + 1
         limit = self._request_timeout
         if timeout is None or timeout >= limit:
-            deadline = self._clock() + limit
+            clock = self._clock  # an attribute called as a method: unspecialized (CPython 3.11)
+            deadline = clock() + limit
             self._pending.append((token, command, deadline, limit))
             return token, deadline
         return token, self._cut_short_request(token, command, timeout)
@@ -339,7 +340,8 @@ class ClientSession:
         ``on_response`` and messages to the subscription's hook as they are decoded. Never
         raises for what the server sent: a violation is a ``SessionFailed`` event with a
         :class:`ProtocolError`."""
-        self._last_received = self._clock()
+        clock = self._clock  # an attribute called as a method: unspecialized (CPython 3.11)
+        self._last_received = clock()
         events: list[Event] = []
         if self._ended:
             return events

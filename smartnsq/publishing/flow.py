@@ -223,13 +223,11 @@ class PublishFlow:
         self._now = now
         p = Publish(request, deadline, waiter, span, now)
         self._pending += 1
-        if (
-            self._layouts is None
-            and request.partition is None
-            and request.key is NO_KEY
-            and self._closed is None
-            and deadline > now
-        ):
+        # Read once: a named tuple's field read by name is a lookup CPython 3.11 does not
+        # specialize.
+        movable = request.partition is None and request.key is NO_KEY
+        layouts = self._layouts
+        if layouts is None and movable and self._closed is None and deadline > now:
             return p, self._start_movable(p, now, via)  # direct mode, unkeyed
         steps = Steps()
         if self._closed is not None:
@@ -239,13 +237,14 @@ class PublishFlow:
             self._watch(p)
             self._expire(p, steps)
             return p, steps
-        if self._layouts is not None and (
-            self._unplaced.get(request.topic) or self._layouts(request.topic) is None
-        ):
-            self._wait_for_placing(p, request.topic, steps)  # in call order
-            return p, steps
-        if request.partition is None and request.key is NO_KEY:  # movable, unbound
-            return p, self._start_movable(p, now, via)
+        layout = None
+        if layouts is not None:
+            topic = request.topic
+            if self._unplaced.get(topic) or (layout := layouts(topic)) is None:
+                self._wait_for_placing(p, topic, steps)  # in call order
+                return p, steps
+        if movable:  # unbound
+            return p, self._start_movable(p, now, via, layout)
         lane = self._place(p, now, steps)
         if lane is None:
             return p, steps
@@ -1126,17 +1125,26 @@ class PublishFlow:
 
     # ------------------------------------------------------------------ unkeyed
 
-    def _start_movable(self, p: Publish, now: float, via: Any) -> Steps:
+    def _start_movable(
+        self, p: Publish, now: float, via: Any, layout: TopicLayout | None = None
+    ) -> Steps:
         """An unkeyed publish: sent at once where it can go (:data:`NO_STEPS`: its own
         try, set on it, is all there is to write), else given a lane of its own to wait
-        in."""
+        in. ``layout``: its topic's, when the caller has it (else looked up here)."""
         if self._layouts is None:
             routes = self._router.direct_routes
             if not routes:  # pragma: no cover - direct mode has an address at least
                 raise ValidationError("nsqd", "no nsqd address")
-            route = self._router.route_classic(p.request, routes)
+            if len(routes) == 1 and p.request.address is None:
+                # One nsqd, and the publish names neither partition nor key (submit checked):
+                # the round-robin can only pick it (a named tuple's field reads and the
+                # counter less per publish).
+                route = routes[0]
+            else:
+                route = self._router.route_classic(p.request, routes)
         else:
-            layout = self._layouts(p.request.topic)
+            if layout is None:
+                layout = self._layouts(p.request.topic)
             steps = Steps()
             if layout is None:
                 self._wait_for_placing(p, p.request.topic, steps)

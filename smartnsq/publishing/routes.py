@@ -213,7 +213,7 @@ class Router:
         table = self.table(request.topic, layout)
         if table.classic:
             return bool(table.classic_routes)
-        if request.movable:
+        if request.partition is None and request.key is NO_KEY:  # movable (no property call)
             return bool(table.unkeyed)
         try:
             partition = self._pin(request, table) if pinned is None else pinned
