@@ -99,7 +99,7 @@ class Lane:
         # ordered: the delivery whose turn it is (until its handler is over), and those
         # waiting behind it
         self.current: Delivery | None = None
-        self.queue: deque[Delivery] = deque()
+        self.queue: deque[Delivery] | None = None  # made by the first to wait (600 bytes)
         # ordered: (id, attempts, answer) of the last delivery answered here; a copy of it
         # may follow, and gets the same answer again
         self.last: tuple[bytes, int, bytes] | None = None
@@ -321,8 +321,9 @@ class DeliveryLedger(Generic[L]):
             retired = self.counts.retired_finished
             retired[lane.partition] = retired.get(lane.partition, 0) + lane.finished
             lane.finished = 0
-        self.drop_unclaimed(lane.queue)
-        lane.queue.clear()
+        if lane.queue:
+            self.drop_unclaimed(lane.queue)
+            lane.queue.clear()
         return self._flow(self.rdy.remove_connection(lane))
 
     def drop_unclaimed(self, deliveries: Iterable[Delivery]) -> None:
@@ -349,8 +350,9 @@ class DeliveryLedger(Generic[L]):
 
     def _hand_back_queue(self, lane: L) -> tuple[tuple[tuple[L, bytes], ...], list[tuple[L, int]]]:
         """``REQ 0`` for what waits behind ``lane``'s ordered turn: (answers, RDY counts)."""
-        held = list(lane.queue)
-        lane.queue.clear()
+        held = list(lane.queue or ())
+        if lane.queue:
+            lane.queue.clear()
         send = []
         rdy: list[tuple[L, int]] = []
         for delivery in held:
@@ -467,7 +469,10 @@ class DeliveryLedger(Generic[L]):
                     return self._answered(ANSWER, delivery, command, "neutral", rdy, tally=False)
                 delivery._stamp = stamp
         if lane.current is not None:
-            lane.queue.append(delivery)
+            queue = lane.queue
+            if queue is None:
+                queue = lane.queue = deque()
+            queue.append(delivery)
             verdict, shared = HOLD, _HOLD
         else:
             lane.current = delivery
@@ -595,8 +600,9 @@ class DeliveryLedger(Generic[L]):
         if lane.current is not delivery or delivery.waiting:
             return _NOTHING
         lane.current = None
-        if lane.queue and self.accepting and not lane.closing and not lane.lost:
-            following = lane.queue.popleft()
+        queue = lane.queue
+        if queue and self.accepting and not lane.closing and not lane.lost:
+            following = queue.popleft()
             lane.current = following
             decision: Decision[L] = Decision()
             decision.run = (following,)
