@@ -10,12 +10,17 @@ the client's own instructions per message, start-up and warm-up cancelled out. `
 DIR`` counts another tree beside this one (DIR holds its ``smartnsq`` package, compiled in
 place: ``python setup.py build_ext --inplace`` there).
 
+The consume rows fill the topic with as many 100-byte messages as the run takes first
+(raw MPUB, not counted: another process), unordered on classic nsqd and ordered on an
+ordered youzan topic of 4 partitions.
+
 Usage: python bench/instructions.py [--only pub1,pub100,...] [--baseline DIR] [--json F]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import re
@@ -24,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import BENCH, TOPIC, spawn_cluster
+from _common import BENCH, CHANNEL, TOPIC, prefill, spawn_cluster
 
 WORKER = BENCH / "clients" / "smartnsq_worker.py"
 # row -> (worker arguments, youzan?, small count, large count)
@@ -41,7 +46,11 @@ ROWS: dict[str, tuple[list[str], bool, int, int]] = {
         2000,
         22000,
     ),
+    "consume": (["consume", "--max-in-flight=2500"], False, 2000, 12000),
+    "consume-ordered-youzan4": (["consume", "--ordered"], True, 1000, 4000),
 }
+# rows that read a topic filled before each run, and the topic's flags
+CONSUMING = {"consume": "", "consume-ordered-youzan4": ":ordered"}
 _TOTAL = re.compile(r"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
 
 
@@ -66,14 +75,19 @@ def count(argv: list[str], env: dict[str, str]) -> int:
         return int(found.group(1))
 
 
-def per_message(row: str, where: list[str], tree: Path | None) -> float:
+def per_message(
+    row: str, where: list[str], tree: Path | None, info: dict[str, object] | None = None
+) -> float:
     arguments, _, small, large = ROWS[row]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
     env["SMARTNSQ_UVLOOP"] = "0"
-    if tree is not None:
-        env["PYTHONPATH"] = str(tree)
+    # This tree unless another is named: without a PYTHONPATH the worker would import
+    # whatever smartnsq the environment installed (an editable install of another checkout).
+    env["PYTHONPATH"] = str(tree if tree is not None else BENCH.parent)
     totals = []
     for messages in (small, large):
+        if row in CONSUMING and info is not None:
+            asyncio.run(prefill(info, TOPIC, messages))
         argv = [
             str(WORKER),
             *arguments,
@@ -100,12 +114,17 @@ def main() -> int:
     if args.baseline is not None:
         trees["base"] = args.baseline.resolve()
     results: dict[str, dict[str, float]] = {}
-    for youzan in (False, True):
-        chosen = [row for row in rows if ROWS[row][1] == youzan]
+    # a cluster per kind: classic, youzan, and youzan with an ordered topic
+    for youzan, flags in ((False, ""), (True, ""), (True, ":ordered")):
+        chosen = [row for row in rows if ROWS[row][1] == youzan and CONSUMING.get(row, "") == flags]
         if not chosen:
             continue
-        topic = f"{TOPIC}:4:1" if youzan else TOPIC
-        with spawn_cluster(classic=not youzan, topics=[topic], nodes=1) as cluster:
+        topic = f"{TOPIC}:4:1{flags}" if youzan else TOPIC
+        consuming = any(row in CONSUMING for row in chosen)
+        channels = [f"{TOPIC}:{CHANNEL}"] if consuming else []
+        with spawn_cluster(
+            classic=not youzan, topics=[topic], channels=channels, nodes=1
+        ) as cluster:
             where = (
                 [f"--lookupd={url}" for url in cluster.lookupd]
                 if youzan
@@ -114,7 +133,7 @@ def main() -> int:
             for row in chosen:
                 results[row] = {}
                 for name, tree in trees.items():
-                    results[row][name] = per_message(row, where, tree)
+                    results[row][name] = per_message(row, where, tree, cluster.info)
                 line = ", ".join(f"{n} {v / 1000:.1f}k" for n, v in results[row].items())
                 if "base" in results[row]:
                     line += f"; now/base {results[row]['now'] / results[row]['base']:.3f}x"
