@@ -242,8 +242,9 @@ def _cpu_per_message(result: dict[str, Any]) -> float | None:
 METRICS: list[tuple[str, tuple[str, ...], Getter, str]] = [
     ("memory per connection, RSS (KiB)", ("main",), _get("rss_per_connection", 1 / KIB), ".1f"),
     (
+        # Python: under tracemalloc, in a run of its own; Go: the runtime's heap and stacks
         "memory per connection, traced (KiB)",
-        ("traced",),
+        ("traced", "main"),
         _get("traced_per_connection", 1 / KIB),
         ".1f",
     ),
