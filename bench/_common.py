@@ -376,10 +376,12 @@ def spawn_cluster(
     nodes: int = 1,
     cpu: int | None = 0,
     python: str = sys.executable,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Cluster]:
     """``smartnsq cluster`` in a child pinned to ``cpu``; stopped (then killed) on exit.
 
-    ``topics`` are ``name[:partitions:replicas]``, ``channels`` ``topic:channel``.
+    ``topics`` are ``name[:partitions:replicas]``, ``channels`` ``topic:channel``; ``env``
+    adds to the child's environment (e.g. ``PYTHONPATH``: which tree's emulator runs).
     """
     argv = [python, "-m", "smartnsq", "cluster", f"--nodes={nodes}"]
     argv += ["--classic"] if classic else []
@@ -393,7 +395,7 @@ def spawn_cluster(
                 stderr=errors,
                 stdin=subprocess.DEVNULL,
                 text=True,
-                env=cluster_env(),
+                env=cluster_env() | (env or {}),
                 preexec_fn=die_with_parent(signal.SIGTERM),
             )
             try:

@@ -99,7 +99,7 @@ class Lane:
         # ordered: the delivery whose turn it is (until its handler is over), and those
         # waiting behind it
         self.current: Delivery | None = None
-        self.queue: deque[Delivery] = deque()
+        self.queue: deque[Delivery] | None = None  # made by the first to wait (600 bytes)
         # ordered: (id, attempts, answer) of the last delivery answered here; a copy of it
         # may follow, and gets the same answer again
         self.last: tuple[bytes, int, bytes] | None = None
@@ -328,8 +328,9 @@ class DeliveryLedger(Generic[L]):
             retired = self.counts.retired_finished
             retired[lane.partition] = retired.get(lane.partition, 0) + lane.finished
             lane.finished = 0
-        self.drop_unclaimed(lane.queue)
-        lane.queue.clear()
+        if lane.queue:
+            self.drop_unclaimed(lane.queue)
+            lane.queue.clear()
         return self._flow(self.rdy.remove_connection(lane))
 
     def drop_unclaimed(self, deliveries: Iterable[Delivery]) -> None:
@@ -356,8 +357,9 @@ class DeliveryLedger(Generic[L]):
 
     def _hand_back_queue(self, lane: L) -> tuple[tuple[tuple[L, bytes], ...], list[tuple[L, int]]]:
         """``REQ 0`` for what waits behind ``lane``'s ordered turn: (answers, RDY counts)."""
-        held = list(lane.queue)
-        lane.queue.clear()
+        held = list(lane.queue or ())
+        if lane.queue:
+            lane.queue.clear()
         send = []
         rdy: list[tuple[L, int]] = []
         for delivery in held:
@@ -469,7 +471,10 @@ class DeliveryLedger(Generic[L]):
         holder = self._turns.get(partition) if partition is not None else None
         if lane.current is not None or (holder is not None and holder is not lane):
             # its stamp is looked at when its turn comes: the one running may fail
-            lane.queue.append(delivery)
+            queue = lane.queue
+            if queue is None:
+                queue = lane.queue = deque()
+            queue.append(delivery)
             if lane.current is None:
                 self._wait_for_turn(partition, lane)
             verdict, shared = HOLD, _HOLD

@@ -51,6 +51,8 @@ def next_frame(self):
     cdef int32_t size, frame_type
     cdef Py_ssize_t max_size
     if available < 4:
+        if pos:
+            self.settle()
         return None
     p = <const unsigned char*>PyByteArray_AS_STRING(buf) + pos
     size = <int32_t>_u32(p)
@@ -58,6 +60,8 @@ def next_frame(self):
     if size < 4 or size > max_size:
         raise ProtocolError(f"corrupt frame size {size} (allowed 4..{max_size})")
     if available < 8 or available < <Py_ssize_t>size + 4:
+        if pos:
+            self.settle()
         return None
     frame_type = <int32_t>_u32(p + 4)
     if not 0 <= frame_type <= 2:

@@ -2,7 +2,10 @@
 side) and the command parser (server side).
 
 Reads advance a position instead of deleting from the front; the consumed prefix is dropped
-only once it is at least half of the buffer, so trimming stays linear overall.
+only once it is at least half of the buffer, so trimming stays linear overall. The buffer
+grows with what arrives (a frame larger than a read's worth takes several reads) and gives
+its memory back once everything in it is decoded (:meth:`InputBuffer.settle`): an idle
+connection holds an empty buffer, whatever the largest frame it ever read.
 """
 
 from __future__ import annotations
@@ -29,6 +32,22 @@ class InputBuffer:
             del self._buf[:pos]
             self._pos = 0
         self._buf += data
+
+    def settle(self) -> None:
+        """Drop what was decoded, when the decoder waits for more: all of it when nothing
+        else is left (the storage is freed), else the consumed prefix once it is at least
+        half of the buffer (a large frame still arriving is not moved for a small one)."""
+        pos = self._pos
+        if not pos:
+            return
+        buf = self._buf
+        if pos == len(buf):
+            buf.clear()
+        elif pos * 2 >= len(buf):
+            del buf[:pos]
+        else:
+            return
+        self._pos = 0
 
     def install_decompressor(self, decompress: Decompressor) -> None:
         """Switch the stream to a compressed encoding from the current read position on.

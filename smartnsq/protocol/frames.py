@@ -62,6 +62,7 @@ class FrameDecoder(InputBuffer):
 
         Raises :class:`~smartnsq.errors.ProtocolError` on a corrupt size or an unknown type;
         the stream cannot be resynchronised after that, so the connection must be dropped.
+        Returning None, it settles the buffer (:meth:`settle`): what was decoded goes.
         """
         buf = self._buf
         pos = self._pos
@@ -73,11 +74,15 @@ class FrameDecoder(InputBuffer):
                     raise ProtocolError(
                         f"corrupt frame size {size} (allowed 4..{self.max_frame_size})"
                     )
+            if pos:
+                self.settle()
             return None
         size, frame_type = _unpack_header(buf, pos)
         if size < 4 or size > self.max_frame_size:
             raise ProtocolError(f"corrupt frame size {size} (allowed 4..{self.max_frame_size})")
         if available < size + 4:
+            if pos:
+                self.settle()
             return None
         if not 0 <= frame_type <= 2:
             raise ProtocolError(f"unknown frame type {frame_type}")

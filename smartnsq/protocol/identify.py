@@ -5,9 +5,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from smartnsq.errors import ProtocolError, ValidationError
@@ -151,6 +153,17 @@ class IdentifyRequest:
     def encode(self) -> bytes:
         return commands.identify(self.to_json())
 
+    @functools.cached_property
+    def encoded(self) -> bytes:
+        """:meth:`encode`, once: the connections of one config share their request."""
+        return self.encode()
+
+
+@functools.lru_cache(maxsize=64)
+def _decode_shared(data: bytes) -> IdentifyResponse:
+    # A few nsqd nodes answer a process; a bad answer raises, and is not kept.
+    return IdentifyResponse._parse(data)
+
 
 def _check_ext_filter(ext_filter: Mapping[str, Any]) -> None:
     if not isinstance(ext_filter, Mapping):
@@ -202,9 +215,18 @@ class IdentifyResponse:
 
     @classmethod
     def decode(cls, data: bytes) -> IdentifyResponse | None:
-        """Parse the answer; None when negotiation is off (plain ``OK``, or anything not JSON)."""
+        """Parse the answer; None when negotiation is off (plain ``OK``, or anything not JSON).
+
+        An nsqd gives every connection the same answer: the same bytes decode to one
+        shared response (read-only, ``raw`` too), not a copy per connection."""
         if not data.startswith(b"{"):
             return None
+        if cls is not IdentifyResponse:
+            return cls._parse(data)
+        return _decode_shared(bytes(data))
+
+    @classmethod
+    def _parse(cls, data: bytes) -> IdentifyResponse:
         try:
             obj = json.loads(data)
         except ValueError as exc:
@@ -235,7 +257,7 @@ class IdentifyResponse:
                         f"IDENTIFY answer field {name} has type {type(value).__name__}"
                     )
                 kwargs[name] = value
-        return cls(raw=obj, **kwargs)
+        return cls(raw=MappingProxyType(obj), **kwargs)
 
     def to_json(self) -> dict[str, Any]:
         """The answer as youzan nsqd writes it (key order as it sends it; desired_tag only

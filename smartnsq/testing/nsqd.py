@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import ssl
 import struct
 import time
@@ -270,8 +271,15 @@ class NsqdNode:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        # The system's limit for the accept queue, as Go's net.Listen asks (asyncio's default
+        # is 100): a consumer opening a thousand partitions at once would otherwise see SYNs
+        # dropped and retried a second later.
         self._server = await loop.create_server(
-            lambda: ClientSession(self), self.host, self.tcp_port, reuse_address=True
+            lambda: ClientSession(self),
+            self.host,
+            self.tcp_port,
+            reuse_address=True,
+            backlog=socket.SOMAXCONN,
         )
         self.start_time = int(time.time())
         self.directory.nsqd_started(self.index, self._server.sockets[0].getsockname()[1])

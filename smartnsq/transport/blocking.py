@@ -36,7 +36,7 @@ from smartnsq.protocol import session_events as events
 from smartnsq.transport.config import ConnectionConfig
 from smartnsq.transport.link import SessionLink
 from smartnsq.transport.pool import PoolKey
-from smartnsq.transport.reading import READ_BUFFER_SIZE
+from smartnsq.transport.reading import thread_read_buffer
 
 __all__ = ["BlockingConnection", "BlockingPool"]
 
@@ -54,7 +54,6 @@ class BlockingConnection(SessionLink):
     def __init__(self, address: str, config: ConnectionConfig) -> None:
         super().__init__(address, config)
         self._sock: socket.socket | None = None
-        self._view = memoryview(bytearray(READ_BUFFER_SIZE))
         self._token = 0  # the request whose answer is awaited
         self._answer: bytes | None = None
         self._failure: BaseException | None = None
@@ -213,8 +212,9 @@ class BlockingConnection(SessionLink):
             if remaining <= 0:
                 return False
             self._receive_bound = self._bound(socket.SO_RCVTIMEO, remaining, self._receive_bound)
+        view = thread_read_buffer()  # the calling thread's: the session copies what it keeps
         try:
-            size = sock.recv_into(self._view)
+            size = sock.recv_into(view)
         except (BlockingIOError, TimeoutError, ssl.SSLWantReadError):
             return False
         except OSError as exc:
@@ -224,7 +224,7 @@ class BlockingConnection(SessionLink):
             self._lost(ConnectionClosedError("connection closed by nsqd", self.address))
             return True
         session = self._session
-        happened = session.receive_data(self._view[:size])
+        happened = session.receive_data(view[:size])
         if happened:
             self._carry_out(happened)
         if session.outbox and not self._closed:

@@ -43,6 +43,11 @@ class ConnectionConfig:
     request_timeout: float = 10.0
     write_timeout: float = 10.0
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    # The IDENTIFY of each (extend_support, desired_tag) asked for: made once, shared by
+    # every connection with these settings (and encoded once).
+    _identify_requests: dict[tuple[bool | None, str | None], IdentifyRequest] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout", "request_timeout", "write_timeout"):
@@ -76,6 +81,15 @@ class ConnectionConfig:
 
     def identify_request(
         self, *, extend_support: bool | None, desired_tag: str | None
+    ) -> IdentifyRequest:
+        key = (extend_support, desired_tag)
+        request = self._identify_requests.get(key)
+        if request is None:
+            request = self._identify_requests[key] = self._new_identify_request(*key)
+        return request
+
+    def _new_identify_request(
+        self, extend_support: bool | None, desired_tag: str | None
     ) -> IdentifyRequest:
         return IdentifyRequest(
             client_id=self.client_id,

@@ -5,6 +5,8 @@ calling thread's :class:`~smartnsq.transport.blocking.BlockingConnection` are bo
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from smartnsq.errors import ConnectionClosedError, NSQError, NSQTimeoutError
 from smartnsq.protocol.session import ClientSession
 from smartnsq.routing.addresses import split_host_port
@@ -17,6 +19,12 @@ class SessionLink:
     """A connection's address (``host``, ``port``), its ``config`` and its session, made to
     hand each answer to :meth:`_answered`. The subclass moves the bytes and keeps
     ``_closed``."""
+
+    if not TYPE_CHECKING:
+        # No instance dictionary: the asyncio Connection lists every attribute of its bases
+        # in its own slots (a base with slots of its own would clash with the others).
+        # Hidden from mypy, which would check this class's assignments against it.
+        __slots__ = ()
 
     _closed: bool
     _session: ClientSession

@@ -16,6 +16,7 @@ so that ``send`` costs no extra call: a consumer sends a FIN per message.
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from smartnsq.errors import ConnectionClosedError, NSQTimeoutError
 from smartnsq.protocol.session import ClientSession
@@ -35,6 +36,12 @@ class CoalescingWriter:
     """Coalesced writes to ``_transport``, through the session's compression once it is on.
     The subclass sets ``_transport``, ``_loop`` and ``_closed`` and says what a write
     blocked for ``write_timeout`` does (``abort``)."""
+
+    if not TYPE_CHECKING:
+        # No instance dictionary: the asyncio Connection lists every attribute of its bases
+        # in its own slots (a base with slots of its own would clash with the others).
+        # Hidden from mypy, which would check this class's assignments against it.
+        __slots__ = ()
 
     address: str
     _session: ClientSession

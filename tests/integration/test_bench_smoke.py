@@ -1,7 +1,7 @@
-"""The benchmark harnesses still run: ``bench/producer.py`` and ``bench/consumer.py`` with tiny
-counts, ``bench/soak.py`` for 10 s with two faults, ``bench/startup.py`` for one round (this
-tree as its own baseline), and ``bench/compare.py`` for one workload when ``bench/.env``
-(pynsq, gnsq) exists.
+"""The benchmark harnesses still run: ``bench/producer.py``, ``bench/consumer.py`` and
+``bench/scale.py`` with tiny counts, ``bench/soak.py`` for 10 s with two faults,
+``bench/startup.py`` for one round (this tree as its own baseline), and ``bench/compare.py``
+for one workload when ``bench/.env`` (pynsq, gnsq) exists.
 
 No timing assertions: the benchmark is the judge, this only checks that it works. Each
 harness runs in its own session; whatever it started is gone when it returns, or is killed.
@@ -95,6 +95,25 @@ def test_consumer_bench_classic(tmp_path: Path) -> None:
     (run,) = data["runs"]["consume"]
     assert run["messages"] == 2000
     assert run["extra"]["finished"] >= 2000
+
+
+def test_scale_bench(tmp_path: Path) -> None:
+    result = tmp_path / "scale.json"
+    out = run_bench(
+        "scale.py",
+        "--sizes=16",
+        "--rounds=1",
+        "--idle=0.2",
+        "--fast-idle=0.2",
+        "--messages=320",
+        "--quiet-patience=0",
+        f"--json={result}",
+    )
+    assert "memory per connection" in out
+    runs = json.loads(result.read_text())["results"]["16"]["smartnsq"]
+    assert {run["mode"] for run in runs} == {"main", "heartbeats", "traced"}
+    assert all(run["connections"] == 16 for run in runs)
+    assert [run["messages"] for run in runs if run["mode"] == "main"] == [320]
 
 
 def test_soak_bench(tmp_path: Path) -> None:

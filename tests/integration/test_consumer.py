@@ -7,6 +7,7 @@ import gzip
 import json
 import logging
 import random
+import sys
 import threading
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
@@ -24,6 +25,7 @@ from smartnsq.flow.retry import Backoff
 from smartnsq.producer.producer import Producer
 from smartnsq.protocol.commands import StartPosition
 from smartnsq.testing import Cluster
+from smartnsq.transport.reading import thread_read_buffer
 from tests.integration.spy import spy_writes
 
 FAST = Backoff(initial=0.01, maximum=0.05)
@@ -503,6 +505,43 @@ async def test_drain_under_load(cluster: Cluster) -> None:
         await cluster.wait_for(lambda: cluster.unfinished("events", "c") == 0)
     assert sorted(finished + rest) == sorted(f"{i}".encode() for i in range(300))
     _assert_each_finished_once(cluster, "events", 300)
+
+
+# --------------------------------------------------------------------------- many partitions
+
+
+async def test_many_idle_partitions_hold_small_buffers_and_still_read_a_large_message() -> None:
+    """64 subscriptions read into their thread's one read buffer and keep no frame bytes
+    while idle; a 1 MiB message (16 reads' worth) arrives whole, and its connection gives
+    the memory back once it is decoded."""
+    async with Cluster(nodes=1) as cluster:
+        await cluster.create_topic("wide", 64, 1, channels=["c"])
+        seen: list[Message] = []
+
+        async def handle(message: Message) -> None:
+            seen.append(message)
+
+        async with _consumer(cluster, "wide", handler=handle, max_in_flight=None) as consumer:
+            await cluster.wait_for(lambda: consumer.stats().connections == 64)
+            conns = [sub.conn for sub in consumer._subscriber.subs.values()]
+            shared = thread_read_buffer().obj
+            assert all(conn._read_view is not None for conn in conns)
+            assert {id(conn._read_view.obj) for conn in conns} == {id(shared)}
+            await cluster.wait_for(lambda: all(c._session._decoder.buffered == 0 for c in conns))
+            assert max(_frame_buffer_bytes(conn) for conn in conns) < 64
+
+            body = random.Random(7).randbytes(1024 * 1024)
+            async with Producer(lookupd=[cluster.lookupd_url]) as producer:
+                await producer.publish("wide", body, partition=37)
+            await cluster.wait_for(lambda: len(seen) == 1)
+            assert (seen[0].partition, seen[0].body == body) == (37, True)
+            await cluster.wait_for(lambda: cluster.unfinished("wide", "c") == 0)
+            assert max(_frame_buffer_bytes(conn) for conn in conns) < 64
+
+
+def _frame_buffer_bytes(conn: Any) -> int:
+    """The storage a connection's frame buffer holds beyond an empty bytearray's."""
+    return sys.getsizeof(conn._session._decoder._buf) - sys.getsizeof(bytearray())
 
 
 # --------------------------------------------------------------------------- modes

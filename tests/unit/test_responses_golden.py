@@ -8,6 +8,7 @@ from smartnsq.errors import ProtocolError
 from smartnsq.protocol.frames import FRAME_TYPE_RESPONSE, FrameDecoder
 from smartnsq.protocol.identify import IdentifyRequest, IdentifyResponse
 from smartnsq.protocol.responses import CLOSE_WAIT, HEARTBEAT, OK, AuthResponse, TraceReceipt
+from smartnsq.transport.config import ConnectionConfig
 from tests.fixtures import server_frame, wire
 
 
@@ -94,3 +95,23 @@ def test_identify_request_always_sends_deflate_level() -> None:
     req = IdentifyRequest("c", "h", "ua", deflate=True, deflate_level=3)
     assert req.to_json()["deflate_level"] == 3
     assert "deflate_level" not in IdentifyRequest("c", "h", "ua").to_json()
+
+
+def test_identical_identify_answers_share_one_read_only_response() -> None:
+    # every connection to one nsqd gets the same answer: one object, not one per connection
+    data = b'{"max_rdy_count": 2500, "version": "0.3.7-HA.1.13.0", "msg_timeout": 60000}'
+    first = IdentifyResponse.decode(data)
+    assert first is not None
+    assert IdentifyResponse.decode(bytes(bytearray(data))) is first
+    assert IdentifyResponse.decode(data.replace(b"2500", b"2000")) is not first
+    with pytest.raises(TypeError):
+        first.raw["version"] = "changed"  # type: ignore[index]
+
+
+def test_a_config_makes_and_encodes_its_identify_once() -> None:
+    config = ConnectionConfig(client_id="c", hostname="h")
+    request = config.identify_request(extend_support=True, desired_tag=None)
+    assert config.identify_request(extend_support=True, desired_tag=None) is request
+    assert config.identify_request(extend_support=None, desired_tag=None) is not request
+    assert request.encoded is request.encoded
+    assert request.encoded == request.encode()

@@ -45,6 +45,8 @@ def _frames(decoder: FrameDecoder, next_frame: Any, chunks: list[bytes]) -> list
             outcome = _outcome(next_frame, decoder)
             seen.append(outcome)
             if outcome[0] == "error" or outcome[1] is None:
+                # and the buffer is settled the same way (what was decoded dropped)
+                seen.append(("buffer", decoder._pos, bytes(decoder._buf)))
                 break
         if seen[-1][0] == "error":
             break
