@@ -374,24 +374,7 @@ class PublishFlow:
         p.failure = error
         if lane is not None:
             lane.in_flight -= 1
-        if self._closed is not None:
-            error = self._closed  # nothing is tried again
-        if state == ZOMBIE:
-            p.state = DONE
-            if lane is not None:
-                self._unlink(lane, p)
-        elif not _retriable(error):
-            if lane is not None:
-                self._unlink(lane, p)
-            self._finish(p, error, steps)
-        elif lane is None:
-            self._retry_movable(p, now, steps)
-            return
-        else:
-            p.state = REFUSED
-            lane.recovering = True
-        if lane is not None:
-            self._after_answer(lane, now, steps, pump)
+        self._try_failed(p, state, REFUSED, error, now, steps, pump)
 
     def lost(
         self,
@@ -437,6 +420,22 @@ class PublishFlow:
                         break
                     if other.state == REFUSED:
                         other.overtaken = True  # p may have been stored after it
+        self._try_failed(p, state, LOST, error, now, steps, pump)
+
+    def _try_failed(
+        self,
+        p: Publish,
+        state: int,
+        failed: int,
+        error: BaseException,
+        now: float,
+        steps: Steps,
+        pump: bool,
+    ) -> None:
+        """A try of ``p`` (in ``state``, SENT or ZOMBIE) ended with ``error``: a zombie is
+        over, a fatal error ends ``p``, an unkeyed publish moves on, and a lane's try is
+        marked ``failed`` (REFUSED or LOST) to go again in order once nothing is in flight."""
+        lane = p.lane
         if self._closed is not None:
             error = self._closed  # nothing is tried again
         if state == ZOMBIE:
@@ -451,7 +450,7 @@ class PublishFlow:
             self._retry_movable(p, now, steps)
             return
         else:
-            p.state = LOST
+            p.state = failed
             lane.recovering = True
         if lane is not None:
             self._after_answer(lane, now, steps, pump)
