@@ -451,7 +451,10 @@ class Sender:
     def stats(self) -> ProducerStats:
         """A snapshot of the flow's counters, with the open connections counted now."""
         with self._guard:
-            return self.flow.stats.snapshot(self._pool.open_connections())
+            flow = self.flow
+            if flow.alone:
+                flow.count_alone()  # what blocking threads answered without the lock
+            return flow.stats.snapshot(self._pool.open_connections())
 
     # ------------------------------------------------------------------ lookups
 
