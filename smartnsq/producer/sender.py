@@ -191,7 +191,8 @@ class Sender:
         loop = self._loop
         if loop is None:  # pragma: no cover - the producer binds before its first publish
             raise ClientClosedError("the producer is not started")
-        now = self._clock()
+        clock = self._clock  # self._clock() would be an unspecialized method lookup
+        now = clock()
         deadline = now + (self.publish_timeout if timeout is None else timeout)
         waiter = loop.create_future()
         lock = self.lock

@@ -1192,16 +1192,20 @@ class PublishFlow:
         else:
             if layout is None:
                 layout = self._layouts(p.request.topic)
-            steps = Steps()
-            if layout is None:
-                self._wait_for_placing(p, p.request.topic, steps)
-                return steps
-            if not self._router.routable(p.request, layout):
-                self._wait_movable(p, now, steps)  # a try with nowhere to go, counted
-                return steps
+                if layout is None:
+                    steps = Steps()
+                    self._wait_for_placing(p, p.request.topic, steps)
+                    return steps
             try:
-                route = self._router.route(p.request, layout)
+                route = self._router.route_movable(p.request, layout)
+            except NoWritablePartitionError:
+                # No writable partition now (what routable() would have said, asked
+                # apart): a try with nowhere to go, counted.
+                steps = Steps()
+                self._wait_movable(p, now, steps)
+                return steps
             except NSQError as exc:
+                steps = Steps()
                 self._finish(p, exc, steps)
                 return steps
         if via is not None:
