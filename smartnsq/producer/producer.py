@@ -33,7 +33,13 @@ from smartnsq.flow.retry import Backoff, Stop, Wait
 from smartnsq.producer.options import DEFAULT_PUBLISH_TIMEOUT, ProducerOptions
 from smartnsq.producer.sender import Sender
 from smartnsq.protocol.lookupd import TopicLayout
-from smartnsq.protocol.validation import MAX_BODY_SIZE, MAX_MSG_SIZE, check_bodies, check_topic
+from smartnsq.protocol.validation import (
+    MAX_BODY_SIZE,
+    MAX_MSG_SIZE,
+    check_bodies,
+    check_body,
+    check_topic,
+)
 from smartnsq.publishing.arguments import PublishArguments, TraceSwitch, check_publish_timeout
 from smartnsq.publishing.flow import Publish, PublishFlow
 from smartnsq.publishing.request import PublishRequest, batch_extras, batch_request
@@ -138,7 +144,7 @@ class Producer:
                 max_body_size=options.max_body_size,
                 inject=Telemetry.inject,
             ),
-            layouts=None if lookup is None else lambda topic: lookup.cached(topic, "w"),
+            layouts=None if lookup is None else lookup.cached_getter("w"),
             delays=options.retry_delays,
             max_retries=options.max_retries,
             stop=options.retry_stops,
@@ -330,11 +336,14 @@ class Producer:
             and delay is None
             and self._state == "started"
         ):
-            if self._telemetry.enabled or self._switch.on(topic):
+            switch = self._switch
+            if self._telemetry.enabled or switch.topics.get(topic, switch.default):
                 return await self._pooled(topic, body, timeout)
             # Auto-batched with the others of its topic, naming nothing but its body: no
-            # request of its own (its batch is the request).
-            data = self.arguments.body(topic, body)
+            # request of its own (its batch is the request). What arguments.body() and
+            # switch.on() do, inline: two calls less per message.
+            check_topic(topic)
+            data = check_body(body, self.arguments.max_msg_size)
             if timeout is not None:
                 timeout = check_publish_timeout("timeout", timeout)
             if self._closing:
@@ -401,6 +410,15 @@ class Producer:
         )
         if self._closing:
             raise _closing_error()
+        if self._state == "started" and not self._telemetry.enabled:
+            # What _run does, with nothing to trace: one coroutine per call, not three.
+            p = self.sender.publish(request, timeout)
+            try:
+                results: list[PublishResult] = await p.waiter
+            except asyncio.CancelledError:
+                self.sender.cancel(p)
+                raise
+            return results
         return await self._run(request, timeout)
 
     async def _publish_keyed(

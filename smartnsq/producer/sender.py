@@ -191,7 +191,8 @@ class Sender:
         loop = self._loop
         if loop is None:  # pragma: no cover - the producer binds before its first publish
             raise ClientClosedError("the producer is not started")
-        now = self._clock()
+        clock = self._clock  # self._clock() would be an unspecialized method lookup
+        now = clock()
         deadline = now + (self.publish_timeout if timeout is None else timeout)
         waiter = loop.create_future()
         lock = self.lock
@@ -451,7 +452,10 @@ class Sender:
     def stats(self) -> ProducerStats:
         """A snapshot of the flow's counters, with the open connections counted now."""
         with self._guard:
-            return self.flow.stats.snapshot(self._pool.open_connections())
+            flow = self.flow
+            if flow.alone:
+                flow.count_alone()  # what blocking threads answered without the lock
+            return flow.stats.snapshot(self._pool.open_connections())
 
     # ------------------------------------------------------------------ lookups
 

@@ -84,6 +84,7 @@ from smartnsq.publishing.lanes import (
     Waiters,
 )
 from smartnsq.publishing.request import NO_KEY, PublishRequest, batch_request, single_request
+from smartnsq.publishing.result import PublishResult
 from smartnsq.publishing.routes import ANY_TOPIC, Route, Router, classic_routes
 from smartnsq.publishing.stamps import Stamp
 from smartnsq.publishing.stats import ProducerStats
@@ -200,6 +201,11 @@ class PublishFlow:
         self._pending = 0  # publishes not over, whose deadline the heap may hold
         self._dirty: dict[Lane, None] = {}  # lanes to pump on the driver's loop
         self._closed: BaseException | None = None
+        #: Unbound publishes answered in a driver's thread without its lock
+        #: (:meth:`answered_alone`), to be counted by :meth:`count_alone` under it: an
+        #: append to a deque is thread-safe, an update of the counters is not.
+        self.alone: deque[Publish] = deque()
+        self._alone_counted = 0
         #: Set when :meth:`next_deadline` may have changed (the driver re-arms its timer
         #: and clears it).
         self.wake_changed = False
@@ -228,6 +234,16 @@ class PublishFlow:
         movable = request.partition is None and request.key is NO_KEY
         layouts = self._layouts
         if layouts is None and movable and self._closed is None and deadline > now:
+            if via is not None:
+                routes = self._router.direct_routes
+                if len(routes) == 1 and request.address is None:
+                    # The blocking driver's common case: what _start_movable and
+                    # _send_here decide for it, inline (a call costs as much as this).
+                    p.tries = 1
+                    p.state = SENT
+                    p.route = routes[0]
+                    p.link = via
+                    return p, NO_STEPS
             return p, self._start_movable(p, now, via)  # direct mode, unkeyed
         steps = Steps()
         if self._closed is not None:
@@ -313,6 +329,32 @@ class PublishFlow:
         self._unlink(lane, p, stored=True)
         self._after_answer(lane, now, steps, pump)
         return steps
+
+    def answered_alone(self, p: Publish, frame: bytes) -> list[PublishResult] | None:
+        """nsqd answered the try of ``p``, an unbound publish a ``via`` submit left to the
+        calling thread (no lane: nothing else in the flow waits for it or can end it), with
+        ``frame``: its results, set on it. A driver may call it without taking its lock: it
+        writes only ``p``, which the calling thread alone holds, the codec's caches, and a
+        deque (thread-safe appends) from which the next :meth:`count_alone` counts it.
+        None: ``p`` has a lane, or is not in flight (:meth:`answered` decides then)."""
+        if p.lane is not None or p.state != SENT:
+            return None
+        results = self._codec.results(p.request, p.route, frame, p.tries, p.trace_ids)  # type: ignore[arg-type]
+        p.results = results
+        p.state = DONE
+        self.alone.append(p)
+        return results
+
+    def count_alone(self) -> None:
+        """Count what :meth:`answered_alone` answered since the last call (under the
+        driver's lock, before anything reads the counters)."""
+        alone = self.alone
+        stats = self.stats
+        while alone:
+            p = alone.popleft()
+            self._pending -= 1
+            self._alone_counted += 1
+            stats.acknowledged(p.request.bodies, p.results)  # type: ignore[arg-type]
 
     def _batch_answered(self, batch: Batch, frame: bytes, now: float, pump: bool) -> Steps:
         """nsqd stored ``batch``: each member still in it is over with its result."""
@@ -804,7 +846,12 @@ class PublishFlow:
     @property
     def pending(self) -> int:
         """Publishes not over (each message waiting in a pool counted as one)."""
-        return self._pending + self._pooled
+        return self._pending + self._pooled - len(self.alone)
+
+    @property
+    def alone_answered(self) -> int:
+        """Publishes :meth:`answered_alone` answered so far."""
+        return self._alone_counted + len(self.alone)
 
     def lanes(self) -> list[Lane]:
         """The partitions' lanes (for tests and stats)."""
@@ -1144,16 +1191,20 @@ class PublishFlow:
         else:
             if layout is None:
                 layout = self._layouts(p.request.topic)
-            steps = Steps()
-            if layout is None:
-                self._wait_for_placing(p, p.request.topic, steps)
-                return steps
-            if not self._router.routable(p.request, layout):
-                self._wait_movable(p, now, steps)  # a try with nowhere to go, counted
-                return steps
+                if layout is None:
+                    steps = Steps()
+                    self._wait_for_placing(p, p.request.topic, steps)
+                    return steps
             try:
-                route = self._router.route(p.request, layout)
+                route = self._router.route_movable(p.request, layout)
+            except NoWritablePartitionError:
+                # No writable partition now (what routable() would have said, asked
+                # apart): a try with nowhere to go, counted.
+                steps = Steps()
+                self._wait_movable(p, now, steps)
+                return steps
             except NSQError as exc:
+                steps = Steps()
                 self._finish(p, exc, steps)
                 return steps
         if via is not None:

@@ -127,6 +127,24 @@ class Router:
             return self.route_classic(request, table.classic_routes)
         return self._route_youzan(request, table, avoid, pinned)
 
+    def route_movable(self, request: PublishRequest, layout: TopicLayout) -> Route:
+        """:meth:`route` of a publish neither a partition nor a key binds, on its first
+        try (nothing to avoid): the hot path, without the branches of the others. What has
+        nowhere to go raises :class:`NoWritablePartitionError`."""
+        topic = request.topic
+        table = self._tables.get(topic)
+        if table is None or table.layout is not layout:
+            table = self._tables[topic] = RouteTable(layout, topic)
+        if table.classic:
+            return self.route_classic(request, table.classic_routes)
+        unkeyed = table.unkeyed
+        if not unkeyed:
+            raise NoWritablePartitionError(f"topic {topic!r} has no writable partition")
+        counter = self._counters.get(topic)
+        if counter is None:
+            counter = self._counter(topic)
+        return unkeyed[next(counter) % len(unkeyed)]
+
     def route_classic(self, request: PublishRequest, routes: Sequence[Route]) -> Route:
         """One of the classic nsqd ``routes``: the batch's own, the key's, or round-robin."""
         if not routes:

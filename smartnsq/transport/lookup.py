@@ -323,6 +323,9 @@ class LookupManager:
         self._logger = logger if logger is not None else logging.getLogger("smartnsq.lookup")
 
         self._cache: dict[_Key, TopicLayout] = {}
+        # The same layouts by topic, per access: what cached_getter() reads (in step with
+        # _cache: every change of one is made to the other).
+        self._by_access: dict[str, dict[str, TopicLayout]] = {"r": {}, "w": {}}
         self._topic_errors: dict[_Key, NSQError] = {}
         self._round_end: dict[_Key, float] = {}
         self._forced_end: dict[_Key, float] = {}
@@ -372,6 +375,11 @@ class LookupManager:
     def cached(self, topic: str, access: Access = "r") -> TopicLayout | None:
         """The cached layout, without waiting (None if unknown): the publish fast path."""
         return self._cache.get((topic, access))
+
+    def cached_getter(self, access: Access) -> Callable[[str], TopicLayout | None]:
+        """``cached`` for one ``access``, as a function of the topic alone: a dict's own
+        ``get`` (a publish reads it each time; a Python call would cost as much again)."""
+        return self._by_access[access].get
 
     async def refresh(self, topic: str, access: Access = "r") -> TopicLayout:
         """Ask the lookupds again (coalesced with a round in flight, rate-limited).
@@ -658,6 +666,7 @@ class LookupManager:
         except (TopicNotFoundError, TopicHasNoChannelError) as exc:
             # A definitive answer: forget the old layout so lookup() asks again next time.
             self._cache.pop(key, None)
+            self._by_access[access].pop(topic, None)
             self._topic_errors[key] = exc
             raise
         except LookupFailedError as exc:
@@ -674,6 +683,7 @@ class LookupManager:
                 self._schedule(key, self._next_due())
         previous = self._cache.get(key)
         self._cache[key] = layout
+        self._by_access[access][topic] = layout
         if layout != previous:
             self._logger.debug(
                 "layout of %r (access=%s) changed: %s", topic, access, _summary(layout)

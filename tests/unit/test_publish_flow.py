@@ -22,9 +22,13 @@ from smartnsq.errors import (
     ValidationError,
 )
 from smartnsq.flow.replays import ReplayFilter
-from smartnsq.publishing.flow import DONE, QUEUED, ZOMBIE, Batch
-from smartnsq.publishing.request import NO_KEY, PublishRequest, message_request
-from tests.unit.flow_model import TOPIC, Link, World
+from smartnsq.protocol.responses import OK
+from smartnsq.publishing.flow import DONE, NO_STEPS, QUEUED, SENT, ZOMBIE, Batch, PublishFlow
+from smartnsq.publishing.request import NO_KEY, PublishRequest, message_request, plain_request
+from smartnsq.publishing.routes import Router
+from smartnsq.publishing.wire import PublishCodec
+from smartnsq.routing.sharding import Sharder
+from tests.unit.flow_model import TOPIC, Fixed, Link, World
 
 
 def _results(world: World) -> dict[int, Any]:
@@ -350,6 +354,47 @@ def test_close_ends_everything_with_the_error() -> None:
     assert q.error is error
     later = world.publish(0)
     assert later.error is error
+
+
+def _direct_flow() -> PublishFlow:
+    return PublishFlow(
+        Router(Sharder(lambda key, count: 0), ["127.0.0.1:4150"]),
+        PublishCodec(),
+        layouts=None,
+        delays=Fixed(),
+    )
+
+
+def test_an_unbound_try_answered_in_its_thread_is_counted_at_the_next_count() -> None:
+    flow = _direct_flow()
+    here = object()
+    p, steps = flow.submit(plain_request(TOPIC, b"m"), 0.0, 5.0, None, None, here)
+    assert steps is NO_STEPS
+    assert (p.link, p.state, p.tries) == (here, SENT, 1)
+    command, data = flow.encode_here(p, False)
+    assert command == "PUB"
+    assert data.endswith(b"m")
+    results = flow.answered_alone(p, OK)
+    assert results is not None
+    assert p.results is results
+    assert p.state == DONE
+    # over for its caller and for flush(); not in the counters until the lock holder counts
+    assert flow.pending == 0
+    assert flow.alone_answered == 1
+    assert flow.stats.published == 0
+    flow.count_alone()
+    assert (flow.stats.published, flow.stats.publishes, flow.pending) == (1, 1, 0)
+    assert flow.alone_answered == 1
+    assert not flow.alone
+
+
+def test_a_try_of_a_lane_is_not_answered_without_the_lock() -> None:
+    world = World()
+    here = object()
+    p, _ = world.flow.submit(message_request(TOPIC, b"m", partition=0), 0.0, 5.0, None, None, here)
+    assert (p.state, p.link) == (SENT, here)
+    assert world.flow.answered_alone(p, OK) is None  # its lane is the lock holder's
+    assert p.state == SENT
 
 
 # --------------------------------------------------------------------------- the filter
