@@ -53,6 +53,9 @@ class LoopThread:
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
         self._ident = self._thread.ident  # read per blocking call: no property on the way
+        #: The loop thread's ident (what :meth:`in_loop_thread` compares, for a caller that
+        #: inlines it on a path taken per call).
+        self.ident = self._ident
 
     @property
     def alive(self) -> bool:
